@@ -1,0 +1,280 @@
+//! One direction's impairment, in physical units, validated on construction.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Why an impairment value was refused; names the field so the message can reach a user unchanged.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {reason}")]
+pub struct ImpairmentError {
+    pub field: &'static str,
+    pub reason: String,
+}
+
+impl ImpairmentError {
+    pub fn new(field: &'static str, reason: impl Into<String>) -> Self {
+        Self { field, reason: reason.into() }
+    }
+}
+
+/// A probability in percent, 0 to 100 inclusive. Constructed only through [`Percent::new`].
+#[derive(Debug, Clone, Copy, PartialEq, PartialOrd, Default, Serialize)]
+#[serde(transparent)]
+pub struct Percent(f64);
+
+impl Percent {
+    pub const ZERO: Percent = Percent(0.0);
+    pub const HUNDRED: Percent = Percent(100.0);
+
+    pub fn new(field: &'static str, value: f64) -> Result<Self, ImpairmentError> {
+        if !value.is_finite() {
+            return Err(ImpairmentError::new(field, format!("{value} is not a number")));
+        }
+        if !(0.0..=100.0).contains(&value) {
+            return Err(ImpairmentError::new(field, format!("{value}% is outside 0% to 100%")));
+        }
+        Ok(Percent(value))
+    }
+
+    pub fn value(self) -> f64 {
+        self.0
+    }
+
+    pub fn is_zero(self) -> bool {
+        self.0 == 0.0
+    }
+
+    /// The kernel's scale for probabilities: 0 → 0, 100 % → u32::MAX.
+    pub fn to_kernel(self) -> u32 {
+        ((self.0 / 100.0) * f64::from(u32::MAX)).round() as u32
+    }
+}
+
+impl<'de> Deserialize<'de> for Percent {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = f64::deserialize(d)?;
+        Percent::new("percent", v).map_err(serde::de::Error::custom)
+    }
+}
+
+/// A probability with the correlation to the previous event (netem's simple correlation model).
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Correlated {
+    pub percent: Percent,
+    #[serde(default)]
+    pub correlation: Percent,
+}
+
+/// Packet loss: independent (with correlation) or the Gilbert-Elliott two-state model.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", tag = "model")]
+pub enum Loss {
+    Random(Correlated),
+    /// p: good→bad transition, r: bad→good, h: delivery probability in the bad state, k: delivery
+    /// probability in the good state (netem's `loss gemodel p r 1-h 1-k` takes 1-h and 1-k; these are h and k
+    /// as loss probabilities already, i.e. `loss_in_bad` = 1-h and `loss_in_good` = 1-k).
+    GilbertElliott {
+        p: Percent,
+        r: Percent,
+        #[serde(rename = "lossInBad")]
+        loss_in_bad: Percent,
+        #[serde(rename = "lossInGood")]
+        loss_in_good: Percent,
+    },
+}
+
+/// Reordering: `percent` of packets (with correlation) are sent at once instead of delayed; with `gap` N, every
+/// Nth packet is the candidate.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Reorder {
+    pub percent: Percent,
+    #[serde(default)]
+    pub correlation: Percent,
+    #[serde(default)]
+    pub gap: u32,
+}
+
+/// What happens to packets of one direction of a link. All fields optional; `Impairment::default()` is a
+/// link that passes traffic unchanged.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Impairment {
+    /// One-way delay added to every packet.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "opt_nanos")]
+    pub latency: Option<Duration>,
+    /// Uniform random variation of the delay, ± this much.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "opt_nanos")]
+    pub jitter: Option<Duration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jitter_correlation: Option<Percent>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss: Option<Loss>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duplicate: Option<Correlated>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub corrupt: Option<Correlated>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reorder: Option<Reorder>,
+    /// Bandwidth in bits per second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_bps: Option<u64>,
+    /// Token bucket size in bytes (how much may be sent at line rate after idling).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst_bytes: Option<u32>,
+    /// Packets queued for this destination before drops; derived from the bandwidth-delay product if absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_limit_packets: Option<u32>,
+}
+
+mod opt_nanos {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(d) => s.serialize_u64(d.as_nanos() as u64),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        Ok(Option::<u64>::deserialize(d)?.map(Duration::from_nanos))
+    }
+}
+
+/// netem keeps delays as signed 64-bit nanoseconds; beyond this a value cannot be represented.
+pub const MAX_DELAY: Duration = Duration::from_secs(3600);
+
+impl Impairment {
+    /// Checks every field against what the kernel can represent and what makes sense, naming the first field
+    /// that is wrong. Deserialized impairments must pass through this before use.
+    pub fn validate(&self) -> Result<(), ImpairmentError> {
+        if let Some(l) = self.latency
+            && l > MAX_DELAY
+        {
+            return Err(ImpairmentError::new("latency", format!("{l:?} is longer than {MAX_DELAY:?}")));
+        }
+        if let Some(j) = self.jitter {
+            if j > MAX_DELAY {
+                return Err(ImpairmentError::new("jitter", format!("{j:?} is longer than {MAX_DELAY:?}")));
+            }
+            if !j.is_zero() && self.latency.is_none_or(|l| l.is_zero()) {
+                return Err(ImpairmentError::new("jitter", "jitter needs a latency to vary around"));
+            }
+        }
+        if self.jitter_correlation.is_some_and(|c| !c.is_zero()) && self.jitter.is_none_or(|j| j.is_zero()) {
+            return Err(ImpairmentError::new("jitterCorrelation", "correlation given without jitter"));
+        }
+        if let Some(r) = self.reorder
+            && !r.percent.is_zero()
+            && self.latency.is_none_or(|l| l.is_zero())
+        {
+            return Err(ImpairmentError::new(
+                "reorder",
+                "reordering sends some packets without the delay, so it needs a latency",
+            ));
+        }
+        if let Some(r) = self.reorder
+            && r.gap > 0
+            && r.percent.is_zero()
+        {
+            return Err(ImpairmentError::new("reorder.gap", "gap given without a reorder probability"));
+        }
+        if let Some(rate) = self.rate_bps
+            && rate < 8
+        {
+            return Err(ImpairmentError::new("rate", format!("{rate} bit/s is below 8 bit/s (one byte a second)")));
+        }
+        if let Some(b) = self.burst_bytes {
+            if self.rate_bps.is_none() {
+                return Err(ImpairmentError::new("burst", "burst given without a rate"));
+            }
+            if b < 1600 {
+                return Err(ImpairmentError::new(
+                    "burst",
+                    format!("{b} bytes is smaller than one full-size packet (1600 bytes)"),
+                ));
+            }
+        }
+        if self.queue_limit_packets == Some(0) {
+            return Err(ImpairmentError::new("queueLimit", "0 packets would drop everything"));
+        }
+        Ok(())
+    }
+
+    /// True when the impairment needs netem (anything but rate).
+    pub fn needs_netem(&self) -> bool {
+        self.latency.is_some_and(|d| !d.is_zero())
+            || self.loss.is_some()
+            || self.duplicate.is_some_and(|d| !d.percent.is_zero())
+            || self.corrupt.is_some_and(|c| !c.percent.is_zero())
+            || self.reorder.is_some_and(|r| !r.percent.is_zero())
+    }
+
+    pub fn duplicates(&self) -> bool {
+        self.duplicate.is_some_and(|d| !d.percent.is_zero())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(v: u64) -> Option<Duration> {
+        Some(Duration::from_millis(v))
+    }
+
+    #[test]
+    fn percent_bounds_name_the_field() {
+        assert_eq!(Percent::new("loss", -0.1).unwrap_err().field, "loss");
+        assert!(Percent::new("loss", 100.1).unwrap_err().to_string().contains("outside 0% to 100%"));
+        assert!(Percent::new("loss", f64::NAN).is_err());
+        assert_eq!(Percent::new("loss", 100.0).unwrap().to_kernel(), u32::MAX);
+        assert_eq!(Percent::new("loss", 0.0).unwrap().to_kernel(), 0);
+    }
+
+    #[test]
+    fn impossible_combinations_are_refused() {
+        let jitter_alone = Impairment { jitter: ms(5), ..Default::default() };
+        assert_eq!(jitter_alone.validate().unwrap_err().field, "jitter");
+        let zero_rate = Impairment { rate_bps: Some(0), ..Default::default() };
+        assert_eq!(zero_rate.validate().unwrap_err().field, "rate");
+        let burst_alone = Impairment { burst_bytes: Some(32_000), ..Default::default() };
+        assert_eq!(burst_alone.validate().unwrap_err().field, "burst");
+        let gap_alone = Impairment {
+            latency: ms(10),
+            reorder: Some(Reorder { percent: Percent::ZERO, correlation: Percent::ZERO, gap: 5 }),
+            ..Default::default()
+        };
+        assert_eq!(gap_alone.validate().unwrap_err().field, "reorder.gap");
+        let queue = Impairment { queue_limit_packets: Some(0), ..Default::default() };
+        assert_eq!(queue.validate().unwrap_err().field, "queueLimit");
+    }
+
+    #[test]
+    fn deserialization_rejects_out_of_range_percent() {
+        let err = serde_json::from_str::<Impairment>(r#"{"duplicate":{"percent":101}}"#).unwrap_err();
+        assert!(err.to_string().contains("outside"), "{err}");
+    }
+
+    #[test]
+    fn json_round_trip() {
+        let i = Impairment {
+            latency: ms(120),
+            jitter: ms(5),
+            loss: Some(Loss::Random(Correlated {
+                percent: Percent::new("loss", 0.1).unwrap(),
+                correlation: Percent::ZERO,
+            })),
+            rate_bps: Some(100_000_000),
+            ..Default::default()
+        };
+        let back: Impairment = serde_json::from_str(&serde_json::to_string(&i).unwrap()).unwrap();
+        assert_eq!(back, i);
+        assert!(back.validate().is_ok());
+    }
+}

@@ -1,0 +1,10 @@
+//! The vocabulary shared by the operator and the agent: a validated [`Impairment`] for one direction of a link,
+//! and the per-node plan the operator sends to the agent with the agent's replies.
+//!
+//! Everything here is plain data with serde; nothing knows about Kubernetes selectors or tc handles.
+
+pub mod impairment;
+pub mod plan;
+
+pub use impairment::{Correlated, Impairment, ImpairmentError, Loss, Percent, Reorder};
+pub use plan::*;

@@ -1,0 +1,186 @@
+//! The node plan (operator → agent) and the agent's replies (agent → operator).
+//!
+//! A plan is the node's *full* desired state: every source pod on the node that some link impairs, with every
+//! destination. Pods absent from the plan get their isthmus trees removed. Plans carry a version that only
+//! grows; the agent ignores a plan older than the newest it has applied.
+
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+
+use crate::Impairment;
+
+/// The API path prefix and version of the agent's HTTP API.
+pub const API_PREFIX: &str = "/v1";
+
+/// Which NetworkLink (and direction) asked for a destination's impairment; used for metrics and status.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LinkRef {
+    pub namespace: String,
+    pub name: String,
+    /// `forward` (from → to) or `reverse` (to → from).
+    pub direction: Direction,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Direction {
+    Forward,
+    Reverse,
+}
+
+/// One destination of one source pod: packets from the pod to `destination` get `impairment`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DestinationPlan {
+    pub destination: IpNet,
+    pub impairment: Impairment,
+    pub link: LinkRef,
+}
+
+/// A pod whose egress is impaired, identified the way the agent can check on the node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodPlan {
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+    /// The pod's IPs (`status.podIPs`); the agent finds the network namespace that holds them.
+    pub ips: Vec<IpAddr>,
+    /// The interface inside the pod whose egress is shaped.
+    #[serde(default = "default_interface")]
+    pub interface: String,
+    /// Host-network pods are never touched: the agent refuses them.
+    #[serde(default)]
+    pub host_network: bool,
+    pub destinations: Vec<DestinationPlan>,
+}
+
+pub fn default_interface() -> String {
+    "eth0".to_owned()
+}
+
+/// The node's full desired state.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodePlan {
+    pub node: String,
+    /// Monotonic; a plan with a lower version than the last applied one is refused as stale.
+    pub version: u64,
+    pub pods: Vec<PodPlan>,
+}
+
+/// Why one pod's plan could not be applied. `kind` is stable (for status reasons and metrics); `message` is
+/// for people and keeps the kernel's own text where there is one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodError {
+    pub kind: PodErrorKind,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub enum PodErrorKind {
+    /// The plan for this pod is malformed or impossible (bad impairment, too many destinations).
+    InvalidPlan,
+    /// No network namespace on this node holds the pod's IPs.
+    PodNotFound,
+    /// The pod uses the host's network; isthmus never shapes it.
+    HostNetwork,
+    /// The interface named in the plan does not exist in the pod.
+    InterfaceNotFound,
+    /// A root qdisc that isthmus did not install is on the interface.
+    ForeignQdisc,
+    /// The node's kernel lacks a qdisc or classifier this impairment needs (e.g. netem).
+    KernelUnsupported,
+    /// The kernel refuses a duplicating netem beside other netems on one interface.
+    DuplicateRestriction,
+    /// Any other kernel error; the message carries the kernel's extended-ack text.
+    Kernel,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", tag = "state")]
+pub enum PodOutcome {
+    Applied,
+    Failed(PodError),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodResult {
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+    pub outcome: PodOutcome,
+}
+
+/// The reply to a plan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApplyReply {
+    pub node: String,
+    /// The version now in force (the request's, or a newer one if the request was stale).
+    pub version: u64,
+    /// True when the request's version was older than the applied one and nothing was done.
+    #[serde(default)]
+    pub stale: bool,
+    pub pods: Vec<PodResult>,
+    pub capabilities: Capabilities,
+}
+
+/// What the node's kernel can do, from the datapath's probe in a scratch namespace.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Capabilities {
+    pub kernel_release: String,
+    pub htb: bool,
+    pub tbf: bool,
+    pub netem: bool,
+    pub u32: bool,
+    /// True when the kernel refuses a duplicating netem next to other netems on one interface.
+    pub duplicate_restricted: bool,
+}
+
+/// Kernel counters of one qdisc or class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Counters {
+    pub packets: u64,
+    pub bytes: u64,
+    pub drops: u64,
+    pub overlimits: u64,
+    pub backlog_packets: u64,
+    pub backlog_bytes: u64,
+}
+
+/// What is installed for one destination of one pod, read back from the kernel.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ObservedDestination {
+    pub destination: IpNet,
+    pub link: Option<LinkRef>,
+    pub counters: Counters,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ObservedPod {
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+    pub destinations: Vec<ObservedDestination>,
+}
+
+/// The reply to a read of the node's observed state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ObservedState {
+    pub node: String,
+    pub version: u64,
+    pub pods: Vec<ObservedPod>,
+    pub capabilities: Capabilities,
+}

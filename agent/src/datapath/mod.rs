@@ -1,0 +1,10 @@
+//! The tc datapath: per-destination impairment trees on one interface in one network namespace.
+//!
+//! Layers, from pure to I/O:
+//! - [`model`]: typed kernel objects (qdiscs, classes, filters) exactly as they are installed and dumped.
+//! - `tree`: desired state (destinations → impairments) → the set of objects, with stable handles.
+//! - `diff`: installed objects vs desired objects → the minimal ordered list of operations.
+//! - `netlink`: model objects ⇄ rtnetlink messages (hand-encoded htb, tbf, netem), extended acks.
+//! - `reconcile`: the thin shell — dump, diff, send — over a netlink socket opened inside the namespace.
+
+pub mod model;

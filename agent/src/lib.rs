@@ -1,0 +1,4 @@
+//! isthmus node agent: the tc datapath (pure tree building, diffing and netlink encoding, plus a thin I/O
+//! shell), network-namespace resolution, and the service the operator calls.
+
+pub mod datapath;

@@ -1,0 +1,1 @@
+//! isthmus operator: the NetworkLink API, the pure plan computation and the controller around it.
