@@ -2,9 +2,23 @@
 //!
 //! Layers, from pure to I/O:
 //! - [`model`]: typed kernel objects (qdiscs, classes, filters) exactly as they are installed and dumped.
-//! - `tree`: desired state (destinations → impairments) → the set of objects, with stable handles.
-//! - `diff`: installed objects vs desired objects → the minimal ordered list of operations.
+//! - [`handles`]: disjoint handle ranges indexed by a destination's slot; slots stable across reconciles.
+//! - [`tree`]: desired state (destinations → impairments) → the set of objects, with stable handles.
+//! - [`diff`]: installed objects vs desired objects → the minimal ordered list of operations.
 //! - `netlink`: model objects ⇄ rtnetlink messages (hand-encoded htb, tbf, netem), extended acks.
 //! - `reconcile`: the thin shell — dump, diff, send — over a netlink socket opened inside the namespace.
 
+pub mod diff;
+pub mod error;
+pub mod handles;
 pub mod model;
+pub mod netlink;
+mod netns;
+mod probe;
+mod reconcile;
+pub mod tree;
+
+pub use error::{DatapathError, Place};
+pub use probe::probe;
+pub use reconcile::{Datapath, ReconcileReport};
+pub use tree::DesiredState;

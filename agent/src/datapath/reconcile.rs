@@ -1,0 +1,336 @@
+//! The I/O shell: dump what is installed, diff against the desired tree, send only the differences.
+
+use std::os::fd::BorrowedFd;
+
+use futures::{StreamExt, TryStreamExt, stream};
+use ipnet::IpNet;
+use isthmus_agent_api::Counters;
+use netlink_packet_core::{NLM_F_DUMP, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload};
+use netlink_packet_route::RouteNetlinkMessage;
+use netlink_packet_route::tc::{TcHandle, TcMessage};
+use tracing::debug;
+
+use super::diff::{self, RootState};
+use super::error::{DatapathError, Place};
+use super::handles::{self, ROOT_QDISC};
+use super::model::*;
+use super::netlink::{self, KernelError};
+use super::netns::{self, NamespacedSocket};
+use super::tree::{self, DesiredState};
+
+/// Requests in flight at once: enough to keep the kernel busy, few enough that their acks always fit the
+/// socket's receive buffer.
+const PIPELINE_DEPTH: usize = 128;
+
+/// A netlink connection bound to one network namespace.
+pub struct Datapath {
+    handle: rtnetlink::Handle,
+    netns: String,
+}
+
+/// What one reconcile sent.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReconcileReport {
+    /// Mutating requests sent (additions + changes + deletions); 0 when the kernel already matched.
+    pub mutations: usize,
+    pub added: usize,
+    pub changed: usize,
+    pub deleted: usize,
+}
+
+/// Everything dumped from one interface, with the counters of qdiscs and classes.
+struct Dump {
+    objects: Vec<TcObject>,
+    counters: Vec<(Handle, Counters)>,
+}
+
+impl Datapath {
+    /// Opens a connection inside the namespace `netns` refers to (from a short-lived thread; see `netns`).
+    pub async fn open(netns: BorrowedFd<'_>) -> Result<Datapath, DatapathError> {
+        Ok(Self::start(netns::open_in(netns).await?))
+    }
+
+    /// Opens a connection in the caller's own namespace.
+    pub async fn open_current() -> Result<Datapath, DatapathError> {
+        Ok(Self::start(netns::open_current()?))
+    }
+
+    /// A connection in a fresh, empty namespace that disappears when the `Datapath` is dropped.
+    pub(crate) async fn open_scratch() -> Result<Datapath, DatapathError> {
+        Ok(Self::start(netns::open_scratch().await?))
+    }
+
+    fn start(socket: NamespacedSocket) -> Datapath {
+        let (connection, handle, _) = rtnetlink::from_socket(socket.socket);
+        // The connection task ends when the last handle (this Datapath) is dropped.
+        tokio::spawn(connection);
+        Datapath { handle, netns: socket.netns }
+    }
+
+    /// The namespace this connection works in, as `net:[inode]`.
+    pub fn netns(&self) -> &str {
+        &self.netns
+    }
+
+    fn place(&self, interface: &str) -> Place {
+        Place { netns: self.netns.clone(), interface: interface.to_owned() }
+    }
+
+    /// Dump → diff → send only what differs. The same desired state twice sends no mutation the second time.
+    /// A root qdisc isthmus did not install is never touched: [`DatapathError::ForeignQdisc`].
+    pub async fn reconcile(&self, interface: &str, desired: &DesiredState) -> Result<ReconcileReport, DatapathError> {
+        let place = self.place(interface);
+        let ifindex = self.ifindex(interface).await?;
+        let dump = self.dump(&place, ifindex).await?;
+        let operations = match diff::root_state(&dump.objects) {
+            RootState::Foreign { kind, handle } if !desired.is_empty() => {
+                return Err(DatapathError::ForeignQdisc { place, kind, handle: handle.to_string() });
+            }
+            _ => plan(&place, &dump.objects, desired)?,
+        };
+        let report = ReconcileReport {
+            mutations: operations.len(),
+            added: operations.iter().filter(|o| matches!(o, Operation::Add(_))).count(),
+            changed: operations.iter().filter(|o| matches!(o, Operation::Change(_))).count(),
+            deleted: operations.iter().filter(|o| matches!(o, Operation::Delete(_))).count(),
+        };
+        self.send(&place, ifindex, operations).await?;
+        debug!(netns = %self.netns, interface, ?report, "reconciled");
+        Ok(report)
+    }
+
+    /// Per destination: the counters of its class, with drops and overlimits summed over its TBF and netem.
+    /// `None` when no isthmus tree is on the interface.
+    pub async fn observe(&self, interface: &str) -> Result<Option<Vec<(IpNet, Counters)>>, DatapathError> {
+        let place = self.place(interface);
+        let ifindex = self.ifindex(interface).await?;
+        let dump = self.dump(&place, ifindex).await?;
+        if diff::root_state(&dump.objects) != RootState::Isthmus {
+            return Ok(None);
+        }
+        let ours = diff::owned(&dump.objects);
+        let counters_of = |h: Handle| dump.counters.iter().find(|(x, _)| *x == h).map(|(_, c)| *c);
+        let observed = diff::installed_destinations(&ours)
+            .into_iter()
+            .map(|(dst, slot)| {
+                let mut total = counters_of(slot.class()).unwrap_or_default();
+                for qdisc in [slot.tbf(), slot.netem()] {
+                    if let Some(c) = counters_of(qdisc) {
+                        total.drops += c.drops;
+                        total.overlimits += c.overlimits;
+                    }
+                }
+                (dst, total)
+            })
+            .collect();
+        Ok(Some(observed))
+    }
+
+    /// The destinations and impairments isthmus has installed on the interface (for adoption after a
+    /// restart), as far as the kernel's units allow reading them back. `None` when no isthmus tree is there.
+    pub async fn installed(&self, interface: &str) -> Result<Option<DesiredState>, DatapathError> {
+        let place = self.place(interface);
+        let ifindex = self.ifindex(interface).await?;
+        let dump = self.dump(&place, ifindex).await?;
+        if diff::root_state(&dump.objects) != RootState::Isthmus {
+            return Ok(None);
+        }
+        let ours = diff::owned(&dump.objects);
+        let qdisc = |h: Handle| {
+            ours.iter().find_map(|o| match o {
+                TcObject::Qdisc(q) if q.handle == h => Some(&q.kind),
+                _ => None,
+            })
+        };
+        let destinations = diff::installed_destinations(&ours).into_iter().map(|(dst, slot)| {
+            let tbf = match qdisc(slot.tbf()) {
+                Some(QdiscKind::Tbf(t)) => Some(t),
+                _ => None,
+            };
+            let netem = match qdisc(slot.netem()) {
+                Some(QdiscKind::Netem(n)) => Some(n),
+                _ => None,
+            };
+            (dst, tree::impairment_of(tbf, netem))
+        });
+        DesiredState::new(destinations).map(Some).map_err(|e| DatapathError::Protocol {
+            place,
+            message: format!("the installed tree does not read back as a valid desired state: {e}"),
+        })
+    }
+
+    /// Sends `operations` in order, pipelined, and stops at the first refusal.
+    pub(crate) async fn send(&self, place: &Place, ifindex: u32, operations: Vec<Operation>) -> Result<(), DatapathError> {
+        let requests = operations
+            .iter()
+            .map(|op| {
+                netlink::encode(op, ifindex)
+                    .map(|m| (op, m))
+                    .map_err(|e| DatapathError::Protocol { place: place.clone(), message: format!("{}: {e}", describe(op)) })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let results = stream::iter(requests)
+            .map(|(op, message)| {
+                let mut handle = self.handle.clone();
+                async move {
+                    let replies = handle.request(message).map_err(|e| (op, None, e.to_string()))?;
+                    let replies: Vec<_> = replies.collect().await;
+                    for reply in replies {
+                        if let Some(error) = KernelError::from_netlink_message(&reply) {
+                            return Err((op, Some(error), String::new()));
+                        }
+                    }
+                    Ok(())
+                }
+            })
+            .buffered(PIPELINE_DEPTH);
+        futures::pin_mut!(results);
+        while let Some(result) = results.next().await {
+            if let Err((op, error, transport)) = result {
+                return Err(match error {
+                    Some(e) => DatapathError::from_kernel(
+                        place.clone(),
+                        describe(op),
+                        Some(object_kind(op)),
+                        e.code,
+                        e.message.unwrap_or_default(),
+                    ),
+                    None => DatapathError::Protocol { place: place.clone(), message: format!("{}: {transport}", describe(op)) },
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The interface's index, looked up over this namespace's socket (not the caller's namespace).
+    pub(crate) async fn ifindex(&self, interface: &str) -> Result<u32, DatapathError> {
+        let place = self.place(interface);
+        let mut links = self.handle.link().get().match_name(interface.to_owned()).execute();
+        match links.try_next().await {
+            Ok(Some(link)) => Ok(link.header.index),
+            Ok(None) => Err(DatapathError::InterfaceNotFound { place }),
+            Err(rtnetlink::Error::NetlinkError(e)) => {
+                let error = KernelError::from_error_message(&e, true);
+                match error {
+                    Some(k) if k.code == libc::ENODEV => Err(DatapathError::InterfaceNotFound { place }),
+                    Some(k) => Err(DatapathError::from_kernel(place, "look up interface".into(), None, k.code, k.message.unwrap_or_default())),
+                    None => Err(DatapathError::InterfaceNotFound { place }),
+                }
+            }
+            Err(e) => Err(DatapathError::Protocol { place, message: format!("look up interface: {e}") }),
+        }
+    }
+
+    async fn dump(&self, place: &Place, ifindex: u32) -> Result<Dump, DatapathError> {
+        let mut objects = Vec::new();
+        let mut counters = Vec::new();
+        for message in self.dump_kind(place, ifindex, Kind::Qdisc, Handle::UNSPEC).await? {
+            let (q, c) = netlink::decode_qdisc(&message).map_err(|e| decode_error(place, e))?;
+            counters.push((q.handle, c));
+            objects.push(TcObject::Qdisc(q));
+        }
+        let ours = diff::root_state(&objects) == RootState::Isthmus;
+        if ours {
+            for message in self.dump_kind(place, ifindex, Kind::Class, Handle::UNSPEC).await? {
+                let (c, n) = netlink::decode_class(&message).map_err(|e| decode_error(place, e))?;
+                counters.push((c.handle, n));
+                objects.push(TcObject::Class(c));
+            }
+            for message in self.dump_kind(place, ifindex, Kind::Filter, ROOT_QDISC).await? {
+                objects.push(TcObject::Filter(netlink::decode_filter(&message).map_err(|e| decode_error(place, e))?));
+            }
+        }
+        Ok(Dump { objects, counters })
+    }
+
+    async fn dump_kind(&self, place: &Place, ifindex: u32, kind: Kind, parent: Handle) -> Result<Vec<TcMessage>, DatapathError> {
+        let mut request = TcMessage::with_index(ifindex as i32);
+        request.header.parent = TcHandle::from(parent.0);
+        let payload = match kind {
+            Kind::Qdisc => RouteNetlinkMessage::GetQueueDiscipline(request),
+            Kind::Class => RouteNetlinkMessage::GetTrafficClass(request),
+            Kind::Filter => RouteNetlinkMessage::GetTrafficFilter(request),
+        };
+        let mut header = NetlinkHeader::default();
+        header.flags = NLM_F_REQUEST | NLM_F_DUMP;
+        let mut message = NetlinkMessage::new(header, NetlinkPayload::InnerMessage(payload));
+        message.finalize();
+        let mut handle = self.handle.clone();
+        let replies = handle
+            .request(message)
+            .map_err(|e| DatapathError::Protocol { place: place.clone(), message: format!("dump {kind:?}: {e}") })?;
+        let replies: Vec<_> = replies.collect().await;
+        let mut out = Vec::with_capacity(replies.len());
+        for reply in replies {
+            if let Some(e) = KernelError::from_netlink_message(&reply) {
+                return Err(DatapathError::from_kernel(place.clone(), format!("dump {kind:?}"), None, e.code, e.message.unwrap_or_default()));
+            }
+            if let NetlinkPayload::InnerMessage(
+                RouteNetlinkMessage::NewQueueDiscipline(m)
+                | RouteNetlinkMessage::NewTrafficClass(m)
+                | RouteNetlinkMessage::NewTrafficFilter(m),
+            ) = reply.payload
+                && netlink::ifindex(&m) == ifindex
+            {
+                out.push(m);
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Qdisc,
+    Class,
+    Filter,
+}
+
+/// The operations that bring the dumped interface to `desired` (root ownership already checked).
+fn plan(place: &Place, dumped: &[TcObject], desired: &DesiredState) -> Result<Vec<Operation>, DatapathError> {
+    let ours = diff::owned(dumped);
+    let slots = handles::assign_slots(desired.destinations().map(|(d, _)| d), &diff::installed_destinations(&ours))
+        .map_err(|e| {
+            DatapathError::invalid(
+                None,
+                "destinations",
+                format!("{} destinations do not fit the {} slots of {}", e.requested, handles::MAX_DESTINATIONS, place),
+            )
+        })?;
+    Ok(diff::diff(&ours, &tree::build(desired, &slots)))
+}
+
+fn decode_error(place: &Place, e: netlink::DecodeError) -> DatapathError {
+    DatapathError::Protocol { place: place.clone(), message: format!("cannot read the installed tree: {e}") }
+}
+
+fn object_kind(op: &Operation) -> &str {
+    let object = match op {
+        Operation::Add(o) | Operation::Change(o) | Operation::Delete(o) => o,
+    };
+    match object {
+        TcObject::Qdisc(q) => diff::kind_name(&q.kind),
+        TcObject::Class(_) => "htb",
+        TcObject::Filter(_) => "u32",
+    }
+}
+
+/// "add qdisc netem 3000: parent 2000:1", for error messages.
+pub(crate) fn describe(op: &Operation) -> String {
+    let (verb, object) = match op {
+        Operation::Add(o) => ("add", o),
+        Operation::Change(o) => ("change", o),
+        Operation::Delete(o) => ("delete", o),
+    };
+    match object {
+        TcObject::Qdisc(q) => format!("{verb} qdisc {} {} parent {}", diff::kind_name(&q.kind), q.handle, q.parent),
+        TcObject::Class(c) => format!("{verb} class {} parent {}", c.handle, c.parent),
+        TcObject::Filter(f) => {
+            let handle = match &f.kind {
+                FilterKind::U32(u) => format!("{:x}", u.handle),
+                FilterKind::Foreign(k) => k.clone(),
+            };
+            format!("{verb} filter u32 {handle} prio {} protocol {:#06x} parent {}", f.priority, f.protocol, f.parent)
+        }
+    }
+}

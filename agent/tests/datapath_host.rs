@@ -1,0 +1,257 @@
+//! The datapath against this machine's kernel (htb, tbf, u32; no netem): rate-only trees installed through
+//! `Datapath` in throwaway namespaces joined by a veth, checked with real TCP/UDP traffic, kernel counters and
+//! iproute2 as an independent reader. Needs root (CI runs as root).
+
+#[path = "datapath_support/mod.rs"]
+mod support;
+
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use isthmus_agent::datapath::{DatapathError, DesiredState};
+use isthmus_agent_api::{Impairment, PodErrorKind};
+use support::{Pair, net, tc};
+
+fn rate(bits_per_sec: u64) -> Impairment {
+    Impairment { rate_bps: Some(bits_per_sec), ..Default::default() }
+}
+
+/// TCP payload per Ethernet frame that TBF counts (qdisc_pkt_len: 14 Ethernet + 20 IPv4 + 32 TCP with
+/// timestamps + 1448 payload = 1514 bytes; GSO packets are counted per segment): the share of a shaped rate
+/// that TCP goodput can reach. 10 Mbit/s on the wire is 9.56 Mbit/s of payload.
+const TCP_PAYLOAD_SHARE: f64 = 1448.0 / 1514.0;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_10_mbit_destination_gets_10_mbit_and_another_destination_is_unaffected() {
+    let pair = Pair::new("rate");
+    let datapath = pair.datapath().await;
+    let desired = DesiredState::new([(net("10.77.0.2/32"), rate(10_000_000))]).unwrap();
+    datapath.reconcile("va", &desired).await.unwrap();
+
+    // Both flows at once, so the unimpaired one shows it is not held back by the shaped one. The shaper can
+    // never give more than its rate; TCP can give less (a retransmission timeout after a tail drop idles the
+    // link for 200 ms, 7 % of a 3 s transfer, more likely on this shared 2-core machine). So every attempt
+    // must stay under the upper bound, and one of up to three must land within 5 %.
+    let expected = 10_000_000.0 * TCP_PAYLOAD_SHARE;
+    let mut attempts = Vec::new();
+    for attempt in 0..3u16 {
+        let (shaped, free) = std::thread::scope(|s| {
+            // About 3 s at the shaped rate.
+            let shaped = s.spawn(|| pair.tcp_transfer_bps("10.77.0.2".parse().unwrap(), 5201 + attempt, 3_600_000));
+            let free = s.spawn(|| pair.tcp_goodput_bps("10.77.0.3".parse().unwrap(), 5301 + attempt));
+            (shaped.join().unwrap(), free.join().unwrap())
+        });
+        eprintln!("shaped {shaped:.0} bit/s, unimpaired {free:.0} bit/s");
+        assert!(shaped < expected * 1.05, "shaped goodput {shaped:.0} bit/s exceeds {expected:.0} by more than 5%");
+        assert!(free > 100_000_000.0, "unimpaired destination got only {free:.0} bit/s");
+        attempts.push(shaped);
+        if (shaped - expected).abs() / expected < 0.05 {
+            break;
+        }
+    }
+    let best = attempts.iter().copied().fold(0.0, f64::max);
+    assert!(
+        (best - expected).abs() / expected < 0.05,
+        "shaped goodput {attempts:?} bit/s, expected {expected:.0} ±5%\n{}",
+        tc(&pair.a, &["-s", "qdisc", "show", "dev", "va"])
+    );
+
+    // iproute2 reads the same tree back: one TBF at 10 Mbit/s under the destination's class.
+    let qdiscs = tc(&pair.a, &["qdisc", "show", "dev", "va"]);
+    assert!(qdiscs.contains("qdisc htb 1570: root") && qdiscs.contains("rate 10Mbit"), "{qdiscs}");
+    datapath.reconcile("va", &DesiredState::empty()).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_is_idempotent_changes_in_place_removes_and_restores_the_interface() {
+    let pair = Pair::new("recon");
+    let before = (tc(&pair.a, &["qdisc", "show", "dev", "va"]), tc(&pair.a, &["class", "show", "dev", "va"]));
+    let datapath = pair.datapath().await;
+    let a = DesiredState::new([
+        (net("10.77.0.2/32"), rate(10_000_000)),
+        (net("10.77.0.3/32"), rate(20_000_000)),
+        (net("10.99.0.0/16"), rate(5_000_000)),
+        (net("fd77::2/128"), rate(30_000_000)),
+        (net("fd99::/48"), Impairment::default()),
+    ])
+    .unwrap();
+    let first = datapath.reconcile("va", &a).await.unwrap();
+    assert!(first.added > 0 && first.changed == 0 && first.deleted == 0, "{first:?}");
+
+    let again = datapath.reconcile("va", &a).await.unwrap();
+    assert_eq!(again.mutations, 0, "same desired state twice must send nothing: {again:?}");
+
+    let installed = datapath.installed("va").await.unwrap().expect("isthmus tree");
+    assert_eq!(installed, a, "the installed tree reads back as the desired state");
+
+    let faster = DesiredState::new(a.destinations().map(|(d, i)| {
+        (*d, if *d == net("10.77.0.3/32") { rate(40_000_000) } else { i.clone() })
+    }))
+    .unwrap();
+    let qdisc_before = tc(&pair.a, &["qdisc", "show", "dev", "va"]);
+    let change = datapath.reconcile("va", &faster).await.unwrap();
+    assert_eq!((change.changed, change.mutations), (1, 1), "one TBF changed in place: {change:?}");
+    let qdisc_after = tc(&pair.a, &["qdisc", "show", "dev", "va"]);
+    assert!(qdisc_after.contains("rate 40Mbit") && !qdisc_after.contains("rate 20Mbit"), "{qdisc_after}");
+    assert_eq!(qdisc_before.lines().count(), qdisc_after.lines().count());
+
+    let fewer = DesiredState::new(faster.destinations().filter(|(d, _)| **d != net("10.77.0.2/32")).map(|(d, i)| (*d, i.clone()))).unwrap();
+    let removal = datapath.reconcile("va", &fewer).await.unwrap();
+    assert_eq!((removal.deleted, removal.mutations), (2, 2), "its filter, then its class (taking its TBF): {removal:?}");
+    let filters = tc(&pair.a, &["filter", "show", "dev", "va"]);
+    assert!(!filters.contains("0a4d0002/ffffffff"), "filter for 10.77.0.2 still there:\n{filters}");
+    assert!(filters.contains("0a4d0003/ffffffff"), "filter for 10.77.0.3 gone:\n{filters}");
+    assert!(!tc(&pair.a, &["qdisc", "show", "dev", "va"]).contains("rate 10Mbit"));
+
+    let cleared = datapath.reconcile("va", &DesiredState::empty()).await.unwrap();
+    assert_eq!(cleared.mutations, 1, "removing the root removes everything below it");
+    let after = (tc(&pair.a, &["qdisc", "show", "dev", "va"]), tc(&pair.a, &["class", "show", "dev", "va"]));
+    assert_eq!(after, before, "the interface is as it was");
+    assert!(tc(&pair.a, &["filter", "show", "dev", "va"]).trim().is_empty());
+    assert_eq!(datapath.installed("va").await.unwrap(), None);
+    assert_eq!(datapath.observe("va").await.unwrap(), None);
+    assert_eq!(datapath.reconcile("va", &DesiredState::empty()).await.unwrap().mutations, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_root_qdisc_is_reported_and_left_untouched() {
+    let pair = Pair::new("foreign");
+    support::run(&["ip", "netns", "exec", &pair.a, "tc", "qdisc", "add", "dev", "va", "root", "handle", "1:", "htb", "default", "1"]);
+    // Without the traffic counter that IPv6 housekeeping packets move.
+    let root = || {
+        let text = tc(&pair.a, &["qdisc", "show", "dev", "va"]);
+        let words: Vec<&str> = text.split_whitespace().collect();
+        let kept = words.iter().enumerate().filter(|(i, _)| *i == 0 || words[i - 1] != "direct_packets_stat");
+        kept.map(|(_, w)| *w).collect::<Vec<_>>().join(" ")
+    };
+    let before = root();
+    let datapath = pair.datapath().await;
+    let desired = DesiredState::new([(net("10.77.0.2/32"), rate(10_000_000))]).unwrap();
+    let err = datapath.reconcile("va", &desired).await.unwrap_err();
+    assert_eq!(err.kind(), PodErrorKind::ForeignQdisc, "{err}");
+    let text = err.to_string();
+    assert!(text.contains("htb 1:0") && text.contains("va") && text.contains("net:["), "{text}");
+    assert_eq!(root(), before);
+    // Removing isthmus from such an interface is a no-op, not an error.
+    assert_eq!(datapath.reconcile("va", &DesiredState::empty()).await.unwrap().mutations, 0);
+    assert_eq!(datapath.observe("va").await.unwrap(), None);
+    assert_eq!(root(), before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_interface_is_a_typed_error() {
+    let pair = Pair::new("noif");
+    let datapath = pair.datapath().await;
+    let err = datapath.reconcile("nosuch0", &DesiredState::empty()).await.unwrap_err();
+    assert!(matches!(err, DatapathError::InterfaceNotFound { .. }), "{err:?}");
+    assert_eq!(err.kind(), PodErrorKind::InterfaceNotFound);
+    assert!(err.to_string().contains("nosuch0"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_entries_win_over_covering_cidrs_and_longer_prefixes_over_shorter() {
+    let pair = Pair::new("lpm");
+    let datapath = pair.datapath().await;
+    let desired = DesiredState::new([
+        (net("10.77.0.2/32"), rate(50_000_000)),
+        (net("10.77.0.0/24"), rate(40_000_000)),
+        (net("10.77.0.0/16"), rate(30_000_000)),
+        (net("fd77::2/128"), rate(50_000_000)),
+        (net("fd77::/64"), rate(40_000_000)),
+    ])
+    .unwrap();
+    datapath.reconcile("va", &desired).await.unwrap();
+    let packets = async || -> std::collections::BTreeMap<IpNet, u64> {
+        datapath.observe("va").await.unwrap().unwrap().into_iter().map(|(d, c)| (d, c.packets)).collect()
+    };
+    // Resolve the neighbours first (one datagram each), then count only what follows.
+    for dst in ["10.77.0.2", "10.77.0.3", "fd77::2", "fd77::3"] {
+        pair.send_udp(dst.parse().unwrap(), 1);
+    }
+    let before = packets().await;
+    let sent = 200u64;
+    for dst in ["10.77.0.2", "10.77.0.3", "fd77::2", "fd77::3"] {
+        pair.send_udp(dst.parse().unwrap(), sent as usize);
+    }
+    let counters: std::collections::BTreeMap<IpNet, u64> =
+        packets().await.into_iter().map(|(d, n)| (d, n - before[&d])).collect();
+    // Exactly the datagrams (ARP/ND go to the default class): each destination's class saw its own traffic.
+    assert_eq!(counters[&net("10.77.0.2/32")], sent, "{counters:?}");
+    assert_eq!(counters[&net("10.77.0.0/24")], sent, "{counters:?}");
+    assert_eq!(counters[&net("10.77.0.0/16")], 0, "{counters:?}");
+    // IPv6 neighbour discovery may add a unicast probe to the address itself (NUD): it is traffic to that
+    // destination and rightly lands in its class.
+    let v6_host = counters[&net("fd77::2/128")];
+    let v6_prefix = counters[&net("fd77::/64")];
+    assert!((sent..=sent + 3).contains(&v6_host), "{counters:?}");
+    assert!((sent..=sent + 3).contains(&v6_prefix), "{counters:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_destinations_install_idempotently_and_classify_the_last_one() {
+    let pair = Pair::new("k1");
+    let datapath = pair.datapath().await;
+    // 999 destinations elsewhere, spread over all hash buckets, then the peer's real address last.
+    let mut destinations: Vec<(IpNet, Impairment)> = (0..999u32)
+        .map(|i| (IpNet::from(IpAddr::from(std::net::Ipv4Addr::from(0x0a10_0000 + i * 7))), rate(1_000_000 + u64::from(i) * 1000)))
+        .collect();
+    destinations.push((net("10.77.0.2/32"), rate(100_000_000)));
+    let desired = DesiredState::new(destinations).unwrap();
+    let report = datapath.reconcile("va", &desired).await.unwrap();
+    // Root, default class, catch-all, v4 table and link; per destination a class, a TBF and a filter.
+    assert_eq!(report.added, 5 + 3 * 1000, "{report:?}");
+    assert_eq!(datapath.reconcile("va", &desired).await.unwrap().mutations, 0);
+
+    pair.send_udp("10.77.0.2".parse().unwrap(), 1);
+    let warm = datapath.observe("va").await.unwrap().unwrap();
+    assert_eq!(warm.iter().map(|(_, c)| c.packets).sum::<u64>(), 1, "the one datagram, in one class");
+    let sent = 299u64;
+    pair.send_udp("10.77.0.2".parse().unwrap(), sent as usize);
+    let sent = sent + 1;
+    let observed = datapath.observe("va").await.unwrap().unwrap();
+    assert_eq!(observed.len(), 1000);
+    let (hit, others): (Vec<_>, Vec<_>) = observed.into_iter().partition(|(d, _)| *d == net("10.77.0.2/32"));
+    assert_eq!(hit[0].1.packets, sent);
+    assert_eq!(others.iter().map(|(_, c)| c.packets).sum::<u64>(), 0);
+    // iproute2 agrees: the last destination's class counted the datagrams.
+    let class = tc(&pair.a, &["-s", "class", "show", "dev", "va", "classid", "1570:13e7"]);
+    assert!(class.contains(&format!("{sent} pkt")), "{class}");
+    datapath.reconcile("va", &DesiredState::empty()).await.unwrap();
+    assert!(tc(&pair.a, &["class", "show", "dev", "va"]).trim().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_probe_finds_this_kernels_qdiscs_in_a_scratch_namespace() {
+    let caps = isthmus_agent::datapath::probe().await;
+    assert!(caps.htb && caps.tbf && caps.u32, "{caps:?}");
+    assert!(!caps.kernel_release.is_empty());
+    // The probe needs both netem and htb to test the duplicate restriction; without netem it reports none.
+    if !caps.netem {
+        assert!(!caps.duplicate_restricted);
+    }
+    // The probe's thread entered the scratch namespace and ended; no runtime thread is left there.
+    let own = std::fs::metadata("/proc/self/ns/net").map(|m| std::os::unix::fs::MetadataExt::ino(&m)).unwrap();
+    for t in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        if let Ok(m) = std::fs::metadata(t.path().join("ns/net")) {
+            assert_eq!(std::os::unix::fs::MetadataExt::ino(&m), own, "thread {:?} left in another namespace", t.file_name());
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_enters_the_namespace_without_moving_runtime_threads() {
+    let pair = Pair::new("enter");
+    let own = std::fs::metadata("/proc/self/ns/net").map(|m| std::os::unix::fs::MetadataExt::ino(&m)).unwrap();
+    let datapath = pair.datapath().await;
+    let target = std::fs::metadata(format!("/run/netns/{}", pair.a)).map(|m| std::os::unix::fs::MetadataExt::ino(&m)).unwrap();
+    assert_eq!(datapath.netns(), format!("net:[{target}]"));
+    // The interface exists only in the pod's namespace: the socket is there, the runtime is not.
+    datapath.reconcile("va", &DesiredState::empty()).await.unwrap();
+    let threads = std::fs::read_dir("/proc/self/task").unwrap();
+    for t in threads.flatten() {
+        let ns = std::fs::metadata(t.path().join("ns/net")).map(|m| std::os::unix::fs::MetadataExt::ino(&m));
+        if let Ok(ns) = ns {
+            assert_eq!(ns, own, "thread {:?} left in another namespace", t.file_name());
+        }
+    }
+}

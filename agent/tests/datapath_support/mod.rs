@@ -1,0 +1,210 @@
+//! Throwaway network namespaces for the datapath's host-kernel tests and benchmarks: two namespaces joined by
+//! a veth, set up with iproute2 (an independent tool; the product itself never shells out), removed on drop —
+//! also when a test fails. Traffic only ever flows between addresses inside these namespaces, bounded in time.
+
+#![allow(dead_code)]
+
+use std::fs::File;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{IpAddr, TcpListener, TcpStream, UdpSocket};
+use std::os::fd::AsFd;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use ipnet::IpNet;
+use isthmus_agent::datapath::Datapath;
+use nix::sched::{CloneFlags, setns};
+
+pub fn net(s: &str) -> IpNet {
+    s.parse().unwrap()
+}
+
+/// Runs a command, panicking with its output when it fails.
+pub fn run(args: &[&str]) -> String {
+    let out = Command::new(args[0]).args(&args[1..]).output().unwrap_or_else(|e| panic!("{args:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{args:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `tc ARGS` inside namespace `ns`.
+pub fn tc(ns: &str, args: &[&str]) -> String {
+    let mut full = vec!["ip", "netns", "exec", ns, "tc"];
+    full.extend_from_slice(args);
+    run(&full)
+}
+
+/// Runs `f` on a thread inside namespace `ns`; sockets it creates stay in `ns` afterwards.
+pub fn in_netns<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {
+    let file = File::open(format!("/run/netns/{ns}")).unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            setns(file.as_fd(), CloneFlags::CLONE_NEWNET).unwrap();
+            f()
+        })
+        .join()
+        .unwrap()
+    })
+}
+
+/// Namespaces `a` (10.77.0.1, fd77::1 on `va`) and `b` (10.77.0.2, .3, fd77::2, ::3 on `vb`).
+pub struct Pair {
+    pub a: String,
+    pub b: String,
+}
+
+impl Pair {
+    pub fn new(tag: &str) -> Pair {
+        assert!(nix::unistd::geteuid().is_root(), "the datapath host-kernel tests need root (CI runs as root)");
+        let base = format!("isth-dp-{tag}-{}", std::process::id());
+        let pair = Pair { a: format!("{base}-a"), b: format!("{base}-b") };
+        // Leftovers of a killed earlier run with the same pid would make `add` fail.
+        for ns in [&pair.a, &pair.b] {
+            let _ = Command::new("ip").args(["netns", "del", ns]).output();
+            run(&["ip", "netns", "add", ns]);
+        }
+        let (a, b) = (pair.a.as_str(), pair.b.as_str());
+        run(&["ip", "-n", a, "link", "add", "va", "type", "veth", "peer", "name", "vb", "netns", b]);
+        run(&["ip", "-n", a, "addr", "add", "10.77.0.1/24", "dev", "va"]);
+        run(&["ip", "-n", a, "addr", "add", "fd77::1/64", "dev", "va", "nodad"]);
+        for addr in ["10.77.0.2/24", "10.77.0.3/24"] {
+            run(&["ip", "-n", b, "addr", "add", addr, "dev", "vb"]);
+        }
+        for addr in ["fd77::2/64", "fd77::3/64"] {
+            run(&["ip", "-n", b, "addr", "add", addr, "dev", "vb", "nodad"]);
+        }
+        for (ns, dev) in [(a, "va"), (b, "vb"), (a, "lo"), (b, "lo")] {
+            run(&["ip", "-n", ns, "link", "set", dev, "up"]);
+        }
+        pair
+    }
+
+    pub async fn datapath(&self) -> Datapath {
+        let file = File::open(format!("/run/netns/{}", self.a)).unwrap();
+        Datapath::open(file.as_fd()).await.unwrap()
+    }
+
+    /// TCP goodput from `a` to `dst` in bit/s: a bulk transfer of about 3 s, measured at the receiver between
+    /// 0.5 s and 2.9 s after the first byte, so neither slow start nor the end of the transfer counts.
+    pub fn tcp_goodput_bps(&self, dst: IpAddr, port: u16) -> f64 {
+        let listener = in_netns(&self.b, || TcpListener::bind((dst, port))).unwrap();
+        let sender = in_netns(&self.a, || TcpStream::connect_timeout(&(dst, port).into(), Duration::from_secs(2))).unwrap();
+        let (mut receiver, _) = listener.accept().unwrap();
+        receiver.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+        sender.set_write_timeout(Some(Duration::from_millis(200))).unwrap();
+        let transfer = Duration::from_secs(3);
+        let writer = std::thread::spawn(move || {
+            let mut sender = sender;
+            let chunk = vec![0x5a_u8; 64 * 1024];
+            let start = Instant::now();
+            while start.elapsed() < transfer {
+                match sender.write(&chunk) {
+                    Ok(_) => {}
+                    Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+                    Err(_) => break,
+                }
+            }
+        });
+        let mut buf = vec![0u8; 1 << 20];
+        let mut total = 0u64;
+        let mut first: Option<Instant> = None;
+        let (mut mark, mut last) = (None, None);
+        let deadline = Instant::now() + transfer + Duration::from_secs(2);
+        while Instant::now() < deadline {
+            let n = match receiver.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => n as u64,
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => continue,
+                Err(e) => panic!("receive: {e}"),
+            };
+            let now = Instant::now();
+            let start = *first.get_or_insert(now);
+            let elapsed = now - start;
+            if elapsed >= Duration::from_millis(500) && mark.is_none() {
+                mark = Some((now, total));
+            }
+            total += n;
+            if elapsed <= Duration::from_millis(2900) {
+                last = Some((now, total));
+            } else {
+                break;
+            }
+        }
+        drop(receiver);
+        writer.join().unwrap();
+        let ((t0, b0), (t1, b1)) = (mark.expect("no data after 0.5 s"), last.expect("no data"));
+        (b1 - b0) as f64 * 8.0 / (t1 - t0).as_secs_f64()
+    }
+
+    /// TCP goodput from `a` to `dst` in bit/s for a transfer of exactly `bytes`, timed at the sender from the
+    /// connection to the receiver's acknowledgement of end-of-stream. Reader stalls can only lower the figure;
+    /// only a shaper's initial bucket can raise it (a few kB out of megabytes).
+    pub fn tcp_transfer_bps(&self, dst: IpAddr, port: u16, bytes: u64) -> f64 {
+        let listener = in_netns(&self.b, || TcpListener::bind((dst, port))).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let receiver = std::thread::spawn(move || {
+            let (mut conn, _) = listener.accept().unwrap();
+            conn.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+            let mut buf = vec![0u8; 1 << 20];
+            let mut received = 0u64;
+            while Instant::now() < deadline {
+                match conn.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => received += n as u64,
+                    Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+                    Err(e) => panic!("receive: {e}"),
+                }
+            }
+            conn.write_all(&[1]).unwrap();
+            received
+        });
+        let start = Instant::now();
+        let mut sender = in_netns(&self.a, || TcpStream::connect_timeout(&(dst, port).into(), Duration::from_secs(2))).unwrap();
+        sender.set_write_timeout(Some(Duration::from_millis(200))).unwrap();
+        let chunk = vec![0x5a_u8; 64 * 1024];
+        let mut sent = 0u64;
+        while sent < bytes && Instant::now() < deadline {
+            let len = chunk.len().min((bytes - sent) as usize);
+            match sender.write(&chunk[..len]) {
+                Ok(n) => sent += n as u64,
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+                Err(e) => panic!("send: {e}"),
+            }
+        }
+        sender.shutdown(std::net::Shutdown::Write).unwrap();
+        sender.set_read_timeout(Some(deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1)))).unwrap();
+        let mut ack = [0u8; 1];
+        sender.read_exact(&mut ack).expect("receiver's end-of-stream acknowledgement");
+        let elapsed = start.elapsed();
+        assert_eq!(receiver.join().unwrap(), bytes, "transfer incomplete within 30 s");
+        bytes as f64 * 8.0 / elapsed.as_secs_f64()
+    }
+
+    /// Sends `count` small UDP datagrams from `a` to `dst` (port 9, discard) after resolving the neighbour, and
+    /// waits until they have left the shaped queues.
+    pub fn send_udp(&self, dst: IpAddr, count: usize) {
+        let socket = in_netns(&self.a, || {
+            let any: IpAddr = if dst.is_ipv4() { "0.0.0.0".parse().unwrap() } else { "::".parse().unwrap() };
+            UdpSocket::bind((any, 0))
+        })
+        .unwrap();
+        for _ in 0..count {
+            socket.send_to(&[0u8; 100], (dst, 9)).unwrap();
+            // Small pauses keep the first datagrams from overflowing the neighbour's unresolved queue.
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+impl Drop for Pair {
+    fn drop(&mut self) {
+        for ns in [&self.a, &self.b] {
+            let _ = Command::new("ip").args(["netns", "del", ns]).output();
+        }
+    }
+}
