@@ -1,0 +1,203 @@
+//! The test registry, the per-test context and the runner that turns each test into one protocol line.
+
+use std::fmt::Write as _;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::protocol::{TestRecord, Verdict, emit};
+
+/// How the guest kernel runs; timing tolerances depend on it (QEMU TCG adds about 1–2 ms to every delay and
+/// more under host load; UML is within a fraction of a millisecond on a quiet host).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    QemuTcg,
+    Uml,
+    /// Anything else (a real machine): judged like UML.
+    Native,
+}
+
+impl Backend {
+    pub fn parse(s: &str) -> anyhow::Result<Backend> {
+        match s {
+            "qemu-tcg" => Ok(Backend::QemuTcg),
+            "uml" => Ok(Backend::Uml),
+            "native" => Ok(Backend::Native),
+            other => anyhow::bail!("--backend: unknown backend {other:?} (qemu-tcg, uml, native)"),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::QemuTcg => "qemu-tcg",
+            Backend::Uml => "uml",
+            Backend::Native => "native",
+        }
+    }
+}
+
+pub enum Outcome {
+    Pass,
+    Skip(String),
+}
+
+pub struct Test {
+    pub name: &'static str,
+    pub run: fn(&mut Ctx) -> anyhow::Result<Outcome>,
+}
+
+pub struct Ctx {
+    pub kernel: String,
+    pub backend: Backend,
+    /// What the rig knows of the pinned kernel: does it refuse a duplicating netem beside other netems?
+    pub duplicate_restricted: Option<bool>,
+    pub runtime: tokio::runtime::Runtime,
+    output: String,
+    summary: Vec<String>,
+    measurements: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Ctx {
+    pub fn log(&mut self, line: impl AsRef<str>) {
+        let _ = writeln!(self.output, "{}", line.as_ref());
+    }
+
+    /// A figure for the protocol line's `measurements` (and the README's tables).
+    pub fn record(&mut self, key: &str, value: impl Serialize) {
+        let value = serde_json::to_value(value).expect("measurements serialize");
+        self.measurements.insert(key.to_owned(), value);
+    }
+
+    /// Adds a phrase to the one-line summary the host prints in its table.
+    pub fn summarize(&mut self, phrase: impl Into<String>) {
+        self.summary.push(phrase.into());
+    }
+
+    /// Runs a measurement with its assertions; if it fails, logs why and runs it exactly once more.
+    /// Timing on shared CPUs has outliers; a real regression fails twice.
+    pub fn with_one_retry<T>(
+        &mut self,
+        what: &str,
+        mut attempt: impl FnMut(&mut Ctx) -> anyhow::Result<T>,
+    ) -> anyhow::Result<T> {
+        match attempt(self) {
+            Ok(v) => Ok(v),
+            Err(first) => {
+                self.log(format!("{what}: first attempt failed: {first:#}; measuring once more"));
+                self.record(&format!("{what}.retried"), true);
+                self.summary.clear();
+                attempt(self)
+            }
+        }
+    }
+}
+
+pub struct RunConfig {
+    pub kernel: String,
+    pub backend: Backend,
+    pub duplicate_restricted: Option<bool>,
+}
+
+/// Tests whose name equals one of the comma-separated filters; a filter that names no test exactly selects
+/// every test whose name contains it.
+pub fn select<'a>(tests: &'a [Test], filter: Option<&str>) -> anyhow::Result<Vec<&'a Test>> {
+    let Some(filter) = filter else { return Ok(tests.iter().collect()) };
+    let mut chosen = Vec::new();
+    for f in filter.split(',').map(str::trim).filter(|f| !f.is_empty()) {
+        let exact: Vec<&Test> = tests.iter().filter(|t| t.name == f).collect();
+        let matched = if exact.is_empty() { tests.iter().filter(|t| t.name.contains(f)).collect() } else { exact };
+        if matched.is_empty() {
+            anyhow::bail!("--test: no test matches {f:?}");
+        }
+        for t in matched {
+            if !chosen.iter().any(|c: &&Test| c.name == t.name) {
+                chosen.push(t);
+            }
+        }
+    }
+    Ok(chosen)
+}
+
+/// Runs the tests one after the other, each emitting its protocol line; true when none failed.
+pub fn run(tests: &[&Test], config: &RunConfig) -> bool {
+    let mut all_ok = true;
+    for test in tests {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("a tokio runtime");
+        let mut ctx = Ctx {
+            kernel: config.kernel.clone(),
+            backend: config.backend,
+            duplicate_restricted: config.duplicate_restricted,
+            runtime,
+            output: String::new(),
+            summary: Vec::new(),
+            measurements: serde_json::Map::new(),
+        };
+        let start = Instant::now();
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (test.run)(&mut ctx)));
+        let duration_ms = start.elapsed().as_millis() as u64;
+        let (verdict, note) = match result {
+            Ok(Ok(Outcome::Pass)) => (Verdict::Pass, None),
+            Ok(Ok(Outcome::Skip(why))) => (Verdict::Skip, Some(why)),
+            Ok(Err(e)) => (Verdict::Fail, Some(format!("{e:#}"))),
+            Err(panic) => {
+                let msg = panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                    .unwrap_or_else(|| "panic".to_owned());
+                (Verdict::Fail, Some(format!("panicked: {msg}")))
+            }
+        };
+        if let Some(note) = &note {
+            ctx.log(format!("{verdict:?}: {note}"));
+        }
+        let mut summary = ctx.summary.join("; ");
+        if verdict != Verdict::Pass {
+            let note = note.unwrap_or_default();
+            summary = if summary.is_empty() { note } else { format!("{note} [{summary}]") };
+        }
+        all_ok &= verdict != Verdict::Fail;
+        // the runtime (and with it any datapath connection) goes before the next test's namespaces appear
+        let Ctx { output, measurements, runtime, kernel, .. } = ctx;
+        runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+        emit(&TestRecord {
+            test: test.name,
+            kernel,
+            backend: config.backend.name().to_owned(),
+            verdict,
+            duration_ms,
+            summary,
+            output,
+            measurements,
+        });
+    }
+    all_ok
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn noop(_: &mut Ctx) -> anyhow::Result<Outcome> {
+        Ok(Outcome::Pass)
+    }
+
+    #[test]
+    fn selection_by_exact_name_substring_and_list() {
+        let tests = [
+            Test { name: "loss_random", run: noop },
+            Test { name: "loss_gilbert_elliott", run: noop },
+            Test { name: "delay", run: noop },
+        ];
+        let names = |f| select(&tests, Some(f)).unwrap().iter().map(|t| t.name).collect::<Vec<_>>();
+        assert_eq!(names("delay"), ["delay"]);
+        assert_eq!(names("loss"), ["loss_random", "loss_gilbert_elliott"]);
+        assert_eq!(names("delay,loss_random,delay"), ["delay", "loss_random"]);
+        assert!(select(&tests, Some("nothing")).is_err());
+        assert_eq!(select(&tests, None).unwrap().len(), 3);
+    }
+}

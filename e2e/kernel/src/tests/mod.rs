@@ -1,0 +1,16 @@
+//! The registry. Order matters only for reading the output: cheap kernel checks first.
+
+mod expect;
+mod kernel;
+#[cfg(feature = "datapath")]
+mod datapath;
+
+use crate::harness::Test;
+
+pub fn all() -> Vec<Test> {
+    #[allow(unused_mut)]
+    let mut tests = kernel::tests();
+    #[cfg(feature = "datapath")]
+    tests.extend(datapath::tests());
+    tests
+}
