@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""Static checks of `helm template` output: what the chart promises about privileges and identities.
+
+Usage: check_rendered.py RENDERED.yaml VARIANT
+"""
+import base64, subprocess, sys, tempfile
+import yaml
+
+def main():
+    path, variant = sys.argv[1], sys.argv[2]
+    docs = [d for d in yaml.safe_load_all(open(path)) if d]
+    errors = []
+    def check(cond, msg):
+        if not cond:
+            errors.append(msg)
+
+    by_kind = {}
+    for d in docs:
+        by_kind.setdefault(d["kind"], []).append(d)
+
+    # RBAC: no wildcards anywhere; the agent has no binding at all.
+    for kind in ("ClusterRole", "Role"):
+        for role in by_kind.get(kind, []):
+            for rule in role.get("rules", []):
+                for field in ("apiGroups", "resources", "verbs", "resourceNames"):
+                    check("*" not in rule.get(field, []), f"{kind} {role['metadata']['name']}: wildcard in {field}")
+    for kind in ("ClusterRoleBinding", "RoleBinding"):
+        for b in by_kind.get(kind, []):
+            for s in b["subjects"]:
+                check(not s["name"].endswith("-agent"), f"{kind} {b['metadata']['name']} binds the agent")
+
+    (ds,) = by_kind["DaemonSet"]
+    (dep,) = by_kind["Deployment"]
+    pod = ds["spec"]["template"]["spec"]
+    (agent,) = pod["containers"]
+    sc = agent["securityContext"]
+    check(pod.get("hostPID") is True and pod.get("hostNetwork") is True, "agent: hostPID and hostNetwork")
+    check(pod.get("automountServiceAccountToken") is False, "agent: no API token")
+    check(sc.get("privileged") is False, "agent: not privileged")
+    check(sc.get("readOnlyRootFilesystem") is True, "agent: read-only root")
+    check(sc["capabilities"] == {"drop": ["ALL"], "add": ["NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE"]}, "agent: capabilities")
+    check(pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault", "agent: seccomp")
+    check(ds["spec"]["updateStrategy"]["type"] == "RollingUpdate", "agent: RollingUpdate")
+    check(any(t.get("operator") == "Exists" and "key" not in t for t in pod.get("tolerations", []))
+          or variant == "tolerations", "agent: tolerates every taint by default")
+    for m in agent["volumeMounts"]:
+        check(m.get("readOnly") is True, f"agent: mount {m['mountPath']} read-only")
+    env = {e["name"]: e for e in agent["env"]}
+    check(env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName", "agent: NODE_NAME from the downward API")
+    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+        check(probe in agent, f"agent: {probe}")
+
+    opod = dep["spec"]["template"]["spec"]
+    (op,) = opod["containers"]
+    osc, psc = op["securityContext"], opod["securityContext"]
+    check(psc["runAsNonRoot"] is True and psc["runAsUser"] == 65532, "operator: non-root 65532")
+    check(osc["readOnlyRootFilesystem"] is True and osc["allowPrivilegeEscalation"] is False, "operator: read-only, no escalation")
+    check(osc["capabilities"] == {"drop": ["ALL"]}, "operator: drops every capability")
+    check(psc["seccompProfile"]["type"] == "RuntimeDefault", "operator: seccomp")
+    check(1 <= dep["spec"]["replicas"] <= 2, "operator: 1 or 2 replicas")
+    check(op["livenessProbe"]["httpGet"]["path"] == "/healthz" and op["readinessProbe"]["httpGet"]["path"] == "/readyz", "operator: probes")
+    openv = {e["name"]: e.get("value") for e in op["env"]}
+    check(openv["ISTHMUS_AGENT_PORT"] == str(agent["ports"][0]["containerPort"]), "operator dials the agents' API port")
+    selector = ",".join(f"{k}={v}" for k, v in sorted(ds["spec"]["selector"]["matchLabels"].items()))
+    check(",".join(sorted(openv["ISTHMUS_AGENT_SELECTOR"].split(","))) == selector, "operator's agent selector = the DaemonSet's")
+
+    # Certificates: the agent's SAN is what the operator verifies, the operator's SAN what the agent requires.
+    secrets = {s["metadata"]["name"]: s for s in by_kind["Secret"]}
+    def san_of(secret):
+        pem = base64.b64decode(secret["data"]["tls.crt"])
+        with tempfile.NamedTemporaryFile() as f:
+            f.write(pem); f.flush()
+            out = subprocess.check_output(["openssl", "x509", "-in", f.name, "-noout", "-ext", "subjectAltName"], text=True)
+        return [x.strip()[4:] for x in out.splitlines()[1].split(",") if x.strip().startswith("DNS:")]
+    agent_secret = next(v["secret"]["secretName"] for v in pod["volumes"] if v["name"] == "tls")
+    op_secret = next(v["secret"]["secretName"] for v in opod["volumes"] if v["name"] == "agent-client")
+    check(san_of(secrets[agent_secret]) == [openv["ISTHMUS_AGENT_SERVER_NAME"]], "agent certificate SAN = operator's server name")
+    check(san_of(secrets[op_secret]) == [env["ISTHMUS_OPERATOR_IDENTITY"]["value"]], "operator certificate SAN = agent's operator identity")
+    sa = opod["serviceAccountName"]
+    ns = dep["metadata"]["namespace"]
+    check(env["ISTHMUS_OPERATOR_IDENTITY"]["value"] == f"{sa}.{ns}.serviceaccount.isthmus", "identity names the operator's ServiceAccount")
+    check(secrets[agent_secret]["data"]["ca.crt"] == secrets[op_secret]["data"]["ca.crt"], "one CA for both sides")
+
+    if errors:
+        for e in errors:
+            print(f"check_rendered ({variant}): {e}", file=sys.stderr)
+        sys.exit(1)
+
+if __name__ == "__main__":
+    main()

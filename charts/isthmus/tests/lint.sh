@@ -1,0 +1,195 @@
+#!/usr/bin/env bash
+# make chart-lint: checks of charts/isthmus without nodes.
+#   1. charts/isthmus/crds/networklink.yaml is byte-identical to the generated crds/networklink.yaml;
+#   2. helm lint --strict and helm template for several value sets; static checks of the rendered objects
+#      (no RBAC wildcards, the agent's exact capabilities, non-root operator, certificate SANs = identities);
+#   3. values.schema.json refuses bad values, naming the field;
+#   4. a control-plane-only Kubernetes 1.34 cluster: every rendered object passes `kubectl apply --dry-run=server`;
+#      a real `helm install` + `helm upgrade` keeps the certificates; deleting a Secret + upgrade re-issues only it;
+#   5. the generated certificates work with the real agent binary (if built): operator accepted, the agent's own
+#      certificate refused (403), no certificate refused; after a rotation the agent reloads the files without
+#      restarting;
+#   6. the real operator binary (if built), impersonating its ServiceAccount with the chart's environment, gets
+#      ready, takes its Lease, adds/removes its finalizer and writes status, with no forbidden request.
+# Environment: ISTHMUS_OPERATOR_BIN (default: a built isthmus-operator), ISTHMUS_CRD (the generated CRD, default crds/networklink.yaml), ISTHMUS_CLUSTER_NAME (default chart-lint), ISTHMUS_AGENT_BIN (default: a built isthmus-agent),
+# CHART_LINT_SKIP_CLUSTER=1 to run only steps 1-3.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
+CHART=$ROOT/charts/isthmus
+cd "$ROOT"
+HELM=$(e2e/cluster/lib/install-tool.sh helm)
+KUBE_VERSION=1.34.0
+work=$(mktemp -d /tmp/isthmus-chart-lint.XXXXXX)
+agent_pid=
+cluster_up=
+export ISTHMUS_CLUSTER_NAME=${ISTHMUS_CLUSTER_NAME:-chart-lint}
+cleanup() {
+  [ -z "$agent_pid" ] || kill "$agent_pid" 2>/dev/null || true
+  [ -z "$cluster_up" ] || e2e/cluster/cluster down >/dev/null 2>&1 || echo "chart-lint: cluster down failed" >&2
+  rm -rf "$work"
+}
+trap cleanup EXIT
+fail() { echo "chart-lint: FAIL: $*" >&2; exit 1; }
+step() { echo "chart-lint: $*"; }
+
+# ---- 1. the CRD copy
+crd=${ISTHMUS_CRD:-crds/networklink.yaml}
+[ -s "$crd" ] || fail "$crd is empty or missing (regenerate: cargo run -p isthmus-operator --bin crdgen > crds/networklink.yaml)"
+cmp -s "$crd" "$CHART/crds/networklink.yaml" ||
+  fail "charts/isthmus/crds/networklink.yaml differs from $crd: cp crds/networklink.yaml charts/isthmus/crds/"
+step "CRD copy identical to $crd"
+
+# ---- 2. lint and render the value variants
+cat > "$work/tolerations.yaml" <<'VALUES'
+agent:
+  tolerations:
+    - {key: dedicated, operator: Equal, value: chaos, effect: NoSchedule}
+    - {key: node-role.kubernetes.io/control-plane, operator: Exists, effect: NoSchedule}
+  nodeSelector: {kubernetes.io/os: linux}
+  cgroupFilter: /$(NODE_NAME)/
+  netnsMountPropagation: HostToContainer
+  apiPort: 19443
+  healthPort: 19464
+operator:
+  tolerations:
+    - {key: dedicated, operator: Equal, value: chaos, effect: NoSchedule}
+VALUES
+variants=(
+  "default|isthmus|isthmus-system|"
+  "replicas2|isthmus|isthmus-system|--set operator.replicas=2"
+  "tolerations|chaos|chaos-tools|-f $work/tolerations.yaml"
+  "minimal|lab|lab|--set operator.leaderElection=false --set uninstall.enabled=false --set fullnameOverride=netlab --set-json imagePullSecrets=[{\"name\":\"regcred\"}]"
+)
+for v in "${variants[@]}"; do
+  IFS='|' read -r name release ns args <<<"$v"
+  # shellcheck disable=SC2086
+  "$HELM" lint "$CHART" --strict --kube-version "$KUBE_VERSION" --namespace "$ns" $args >"$work/lint-$name.log" 2>&1 ||
+    { cat "$work/lint-$name.log"; fail "helm lint ($name)"; }
+  # shellcheck disable=SC2086
+  "$HELM" template "$release" "$CHART" --kube-version "$KUBE_VERSION" --namespace "$ns" --skip-crds $args >"$work/$name.yaml" ||
+    fail "helm template ($name)"
+  python3 "$CHART/tests/check_rendered.py" "$work/$name.yaml" "$name" || fail "rendered objects ($name)"
+done
+step "helm lint --strict and helm template: ${#variants[@]} value sets, rendered objects checked"
+
+# ---- 3. the schema refuses bad values
+refuse() { # expected-text helm-args...
+  local want=$1; shift
+  if "$HELM" template x "$CHART" --kube-version "$KUBE_VERSION" "$@" >"$work/refused.yaml" 2>"$work/refused.err"; then
+    fail "values.schema.json accepted: $*"
+  fi
+  grep -q -- "$want" "$work/refused.err" || { cat "$work/refused.err"; fail "refusal of '$*' does not mention '$want'"; }
+}
+refuse "/operator/replicas" --set operator.replicas=3
+refuse "/operator/replicas" --set operator.replicas=0
+refuse "leaderElection" --set operator.replicas=2 --set operator.leaderElection=false
+refuse "bogus" --set agent.bogus=1
+refuse "logFormat" --set operator.logFormat=xml
+refuse "netnsDirs" --set 'agent.netnsDirs={/run/netns\,/x}'
+refuse "netnsDirs" --set-json 'agent.netnsDirs=[]'
+refuse "apiPort" --set agent.apiPort=70000
+refuse "agentServerName" --set 'tls.agentServerName=*.isthmus'
+refuse "operator" --set operator.replicas=two
+step "values.schema.json refuses 10 bad values, naming the field"
+
+[ "${CHART_LINT_SKIP_CLUSTER:-}" = 1 ] && { step "cluster checks skipped (CHART_LINT_SKIP_CLUSTER=1)"; exit 0; }
+
+# ---- 4. against a real Kubernetes 1.34 API server
+step "starting control-plane-only cluster '$ISTHMUS_CLUSTER_NAME'"
+cluster_up=1
+e2e/cluster/cluster up --control-plane-only >"$work/up.log" 2>&1 || { tail -20 "$work/up.log"; fail "cluster up"; }
+kc() { e2e/cluster/cluster kubectl "$@"; }
+export KUBECONFIG
+KUBECONFIG=$(e2e/cluster/cluster kubeconfig)
+kc apply --server-side -f "$CHART/crds/networklink.yaml" >/dev/null
+kc wait --for condition=Established crd/networklinks.isthmus.dev --timeout=60s >/dev/null
+for v in "${variants[@]}"; do
+  IFS='|' read -r name release ns args <<<"$v"
+  kc get namespace "$ns" >/dev/null 2>&1 || kc create namespace "$ns" >/dev/null
+  kc apply --dry-run=server -f "$work/$name.yaml" >"$work/dry-$name.log" 2>&1 ||
+    { cat "$work/dry-$name.log"; fail "kubectl apply --dry-run=server ($name)"; }
+  step "kubectl apply --dry-run=server ($name): $(grep -c . "$work/dry-$name.log") objects accepted by the 1.34 API server"
+done
+
+secret() { kc -n isthmus-system get secret "$1" -o jsonpath="{.data.$2}"; }
+"$HELM" install isthmus "$CHART" --namespace isthmus-system --skip-crds >"$work/install.out" || fail "helm install"
+grep -q 'kubectl apply -f examples/three-regions.yaml' "$work/install.out" || { cat "$work/install.out"; fail "NOTES.txt not rendered"; }
+grep -q 'rollout status ds/isthmus-agent' "$work/install.out" || fail "NOTES.txt names the wrong DaemonSet"
+for s in ca agent-tls operator-tls; do secret "isthmus-$s" 'tls\.crt' >"$work/install-$s"; done
+"$HELM" upgrade isthmus "$CHART" --namespace isthmus-system --skip-crds --set operator.replicas=2 >/dev/null || fail "helm upgrade"
+for s in ca agent-tls operator-tls; do
+  secret "isthmus-$s" 'tls\.crt' | cmp -s - "$work/install-$s" || fail "helm upgrade changed the certificate in isthmus-$s"
+done
+[ "$(kc -n isthmus-system get deploy isthmus-operator -o jsonpath='{.spec.replicas}')" = 2 ] || fail "upgrade did not apply replicas=2"
+step "helm install + helm upgrade: CA, agent and operator certificates unchanged"
+kc -n isthmus-system delete secret isthmus-operator-tls >/dev/null
+"$HELM" upgrade isthmus "$CHART" --namespace isthmus-system --skip-crds --reuse-values >/dev/null || fail "helm upgrade after deleting a Secret"
+secret isthmus-operator-tls 'tls\.crt' | cmp -s - "$work/install-operator-tls" && fail "deleted operator Secret was not re-issued"
+secret isthmus-agent-tls 'tls\.crt' | cmp -s - "$work/install-agent-tls" || fail "agent certificate changed although only the operator's was deleted"
+secret isthmus-ca 'tls\.crt' | cmp -s - "$work/install-ca" || fail "CA changed although only the operator's Secret was deleted"
+step "rotation of one Secret: delete + helm upgrade re-issues it with the same CA, the rest unchanged"
+
+# ---- 4b. the uninstall hook: its RBAC suffices and its command waits for the operator's finalizer
+"$HELM" template isthmus "$CHART" --namespace isthmus-system --show-only templates/uninstall-hook.yaml \
+  --set uninstall.timeoutSeconds=10 >"$work/hook.yaml"
+python3 "$CHART/tests/hook_parts.py" "$work/hook.yaml" rbac "$work/hook-rbac.yaml"
+mapfile -t hook_args < <(python3 "$CHART/tests/hook_parts.py" "$work/hook.yaml" args 2>"$work/hook-sa")
+hook_as=system:serviceaccount:isthmus-system:$(cat "$work/hook-sa")
+kc apply -f "$work/hook-rbac.yaml" >/dev/null
+kc create namespace chart-lint-links >/dev/null
+for n in 1 2; do
+  kc apply -f - >/dev/null <<LINK
+apiVersion: isthmus.dev/v1alpha1
+kind: NetworkLink
+metadata: {name: link-$n, namespace: chart-lint-links, finalizers: [isthmus.dev/cleanup]}
+spec: {from: {podSelector: {}}, to: {podSelector: {}}, impairment: {bandwidth: 1Mbit}}
+LINK
+done
+# No operator removes the finalizers: the hook must fail after its timeout, having marked the links deleted.
+if kc --as "$hook_as" "${hook_args[@]}" >"$work/hook-run.log" 2>&1; then fail "the hook succeeded while finalizers remained"; fi
+[ -n "$(kc -n chart-lint-links get networklink link-1 -o jsonpath='{.metadata.deletionTimestamp}')" ] || fail "the hook did not delete the links"
+# The operator's part, simulated: drop the finalizers while the hook waits; the hook must then succeed.
+kc --as "$hook_as" "${hook_args[@]}" >"$work/hook-run.log" 2>&1 & hook_pid=$!
+sleep 2
+for n in 1 2; do kc -n chart-lint-links patch networklink "link-$n" --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null; done
+wait "$hook_pid" || { cat "$work/hook-run.log"; fail "the hook failed although the finalizers were removed"; }
+[ -z "$(kc get networklinks -A -o name)" ] || fail "NetworkLinks left after the hook"
+kc delete -f "$work/hook-rbac.yaml" >/dev/null
+step "uninstall hook: as its ServiceAccount, '${hook_args[*]}' times out while finalizers remain and succeeds once they are gone"
+
+# ---- 4c. the real operator with exactly the chart's RBAC and environment (if built)
+op_bin=${ISTHMUS_OPERATOR_BIN:-}
+if [ -z "$op_bin" ]; then
+  for c in "${CARGO_TARGET_DIR:-$ROOT/target}/debug/isthmus-operator" "${CARGO_TARGET_DIR:-$ROOT/target}/static/x86_64-unknown-linux-gnu/release/isthmus-operator"; do
+    [ -x "$c" ] && { op_bin=$c; break; }
+  done
+fi
+if [ -z "$op_bin" ]; then
+  step "no isthmus-operator binary built: the operator's RBAC is not exercised (set ISTHMUS_OPERATOR_BIN)"
+else
+  "$HELM" template isthmus "$CHART" --namespace isthmus-system --show-only templates/operator-deployment.yaml >"$work/operator-deploy.yaml"
+  python3 "$CHART/tests/operator_rbac.py" --operator "$op_bin" --kubectl "$ROOT/e2e/cluster/cluster kubectl" \
+    --rendered "$work/operator-deploy.yaml" --work "$work" --kubeconfig "$KUBECONFIG" ||
+    { tail -20 "$work/operator.log"; fail "the operator with the chart's RBAC ($op_bin)"; }
+  step "the real operator ($op_bin) runs with exactly the chart's RBAC and environment"
+fi
+
+# ---- 5. the certificates with the real agent
+bin=${ISTHMUS_AGENT_BIN:-}
+if [ -z "$bin" ]; then
+  for c in "${CARGO_TARGET_DIR:-$ROOT/target}/static/x86_64-unknown-linux-gnu/release/isthmus-agent" "${CARGO_TARGET_DIR:-$ROOT/target}/debug/isthmus-agent" \
+           "$ROOT/target/static/x86_64-unknown-linux-gnu/release/isthmus-agent" "$ROOT/target/debug/isthmus-agent"; do
+    [ -x "$c" ] && { bin=$c; break; }
+  done
+fi
+if [ -z "$bin" ]; then
+  step "no isthmus-agent binary built: TLS interoperability not checked (set ISTHMUS_AGENT_BIN)"
+else
+  python3 "$CHART/tests/tls_interop.py" --agent "$bin" --kubectl "$ROOT/e2e/cluster/cluster kubectl" --namespace isthmus-system \
+    --helm "$HELM" --chart "$CHART" --work "$work" || fail "TLS interoperability with $bin"
+  step "certificates work with $bin, identity enforced, CA rotation picked up without a restart"
+fi
+# Without nodes the pre-delete hook's Job could never run; the hook is exercised by the cluster e2e suite.
+"$HELM" uninstall isthmus --namespace isthmus-system --no-hooks >/dev/null || fail "helm uninstall"
+[ -z "$(kc -n isthmus-system get deploy,ds,secret,sa -l app.kubernetes.io/part-of=isthmus -o name)" ] || fail "objects left after helm uninstall"
+step "all checks passed"

@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""The real operator binary with the chart's configuration and nothing but the chart's RBAC.
+
+Runs the operator on this machine against the control-plane-only cluster, impersonating the operator's
+ServiceAccount (KUBE_RS_DEBUG_IMPERSONATE_USER, honoured by kube's Config::infer), with the environment of the
+rendered Deployment (only the listen address and the TLS directory are changed to local ones) and the client
+certificate from the installed Secret. Then checks that it
+- becomes ready (every watch listed: pods, namespaces, services, nodes, agents, NetworkLinks);
+- takes the Lease named in the chart;
+- adds its finalizer to a new NetworkLink and writes its status (observedGeneration);
+- lets a deleted NetworkLink go (no agents: nothing to confirm);
+- never logs a 403 / forbidden.
+Usage: operator_rbac.py --operator BIN --kubectl "CMD" --rendered DEPLOY.yaml --work DIR
+"""
+import argparse, base64, json, os, shlex, signal, socket, subprocess, sys, time
+import yaml
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+def main():
+    p = argparse.ArgumentParser()
+    for a in ("--operator", "--kubectl", "--rendered", "--work", "--kubeconfig"):
+        p.add_argument(a, required=True)
+    args = p.parse_args()
+    kubectl = shlex.split(args.kubectl)
+    kc = lambda *a, **kw: subprocess.run(kubectl + list(a), capture_output=True, text=True, **kw)
+
+    docs = [d for d in yaml.safe_load_all(open(args.rendered)) if d]
+    (dep,) = [d for d in docs if d["kind"] == "Deployment"]
+    pod = dep["spec"]["template"]["spec"]
+    ns = dep["metadata"]["namespace"]
+    (container,) = pod["containers"]
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    tls_dir = os.path.join(args.work, "operator-client")
+    os.makedirs(tls_dir, exist_ok=True)
+    secret = next(v["secret"]["secretName"] for v in pod["volumes"] if v["name"] == "agent-client")
+    data = json.loads(kc("-n", ns, "get", "secret", secret, "-o", "json", check=True).stdout)["data"]
+    for key in ("ca.crt", "tls.crt", "tls.key"):
+        with open(os.path.join(tls_dir, key), "wb") as f:
+            f.write(base64.b64decode(data[key]))
+    port = free_port()
+    env.update({
+        "ISTHMUS_METRICS_ADDR": f"127.0.0.1:{port}", "ISTHMUS_AGENT_TLS_DIR": tls_dir,
+        "POD_NAME": "chart-lint-operator", "POD_NAMESPACE": ns, "ISTHMUS_LOG_FORMAT": "text",
+        "KUBECONFIG": args.kubeconfig,
+        "KUBE_RS_DEBUG_IMPERSONATE_USER": f"system:serviceaccount:{ns}:{pod['serviceAccountName']}",
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+    })
+    log_path = os.path.join(args.work, "operator.log")
+    log = open(log_path, "wb")
+    op = subprocess.Popen([args.operator], env=env, stdout=log, stderr=log)
+    failures = []
+    try:
+        def wait(what, cond, timeout=40):
+            end = time.time() + timeout
+            while time.time() < end:
+                if op.poll() is not None:
+                    sys.exit(f"operator-rbac: the operator exited ({op.returncode}) while waiting for {what}; see {log_path}")
+                if cond():
+                    print(f"operator-rbac: {what}")
+                    return True
+                time.sleep(0.5)
+            failures.append(what)
+            print(f"operator-rbac: FAILED: {what}")
+            return False
+
+        ready = lambda: subprocess.run(["curl", "-sf", "-o", "/dev/null", f"http://127.0.0.1:{port}/readyz"]).returncode == 0
+        wait("ready: every watch listed with the chart's RBAC", ready)
+        lease = env["ISTHMUS_LEASE_NAME"]
+        wait(f"holds Lease {ns}/{lease}", lambda: kc("-n", ns, "get", "lease", lease, "-o",
+             "jsonpath={.spec.holderIdentity}").stdout == "chart-lint-operator")
+        kc("create", "namespace", "chart-lint-rbac")
+        link = {"apiVersion": "isthmus.dev/v1alpha1", "kind": "NetworkLink",
+                "metadata": {"name": "rbac-check", "namespace": "chart-lint-rbac"},
+                "spec": {"from": {"podSelector": {"matchLabels": {"app": "a"}}},
+                         "to": {"podSelector": {"matchLabels": {"app": "b"}}},
+                         "impairment": {"bandwidth": "10Mbit"}}}
+        kc("apply", "-f", "-", input=json.dumps(link), check=True)
+        get = lambda path: kc("-n", "chart-lint-rbac", "get", "networklink", "rbac-check", "-o", f"jsonpath={path}").stdout
+        wait("added its finalizer to a new NetworkLink (patch)", lambda: "isthmus.dev/cleanup" in get("{.metadata.finalizers}"))
+        wait("wrote the link's status (status subresource)", lambda: get("{.status.observedGeneration}") == "1")
+        kc("-n", "chart-lint-rbac", "delete", "networklink", "rbac-check", "--wait=false", check=True)
+        wait("released the deleted link (finalizer removed)",
+             lambda: "NotFound" in kc("-n", "chart-lint-rbac", "get", "networklink", "rbac-check").stderr)
+    finally:
+        op.send_signal(signal.SIGTERM)
+        try:
+            op.wait(15)
+        except subprocess.TimeoutExpired:
+            op.kill()
+        log.close()
+    text = open(log_path, errors="replace").read()
+    if "impersonating user" not in text:
+        failures.append("the operator did not impersonate its ServiceAccount (no 'impersonating user' log line)")
+    forbidden = [l for l in text.splitlines() if "forbidden" in l.lower() or " 403" in l]
+    for l in forbidden[:5]:
+        print(f"operator-rbac: forbidden: {l[:300]}")
+    if forbidden or failures:
+        sys.exit(f"operator-rbac: {len(failures)} check(s) failed, {len(forbidden)} forbidden log line(s); see the log above / {log_path}")
+    print(f"operator-rbac: no forbidden request in {len(text.splitlines())} log lines")
+
+if __name__ == "__main__":
+    main()
