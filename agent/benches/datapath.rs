@@ -4,8 +4,10 @@
 //! For 1, 100 and 1,000 rate-only destinations, side by side in one run and interleaved:
 //! - install from an empty interface: isthmus (`Datapath::reconcile`), iproute2 `tc -batch` (one process), and
 //!   iproute2 with one `tc` process per object (as tools that shell out do);
-//! - change one destination's rate: isthmus vs one `tc qdisc change` process;
-//! - re-apply the unchanged state: isthmus (dump + diff, no mutation);
+//! - change one destination's rate: isthmus's full path (`Datapath::reconcile`: dump + diff + send), isthmus's
+//!   fast path (`Datapath::update`: diff against the record of the last call + send), one `tc qdisc change`
+//!   process;
+//! - re-apply the unchanged state: isthmus's full path (dump + diff, no mutation) and fast path (no mutation);
 //! - TCP goodput to one (unshaped) destination with 1 vs 1,000 destinations installed.
 //!
 //! The iproute2 tree is the same as isthmus's: htb root, default class, per destination an htb class, a tbf
@@ -100,14 +102,15 @@ async fn main() {
     let batch_path = std::env::temp_dir().join(format!("isthmus-bench-{}.tc", std::process::id()));
 
     let mut table = String::new();
-    writeln!(table, "| destinations | objects | isthmus install | `tc -batch` install | `tc` per object install | isthmus change one | `tc qdisc change` (1 process) | isthmus re-apply unchanged |").unwrap();
-    writeln!(table, "|---|---|---|---|---|---|---|---|").unwrap();
+    writeln!(table, "| destinations | objects | isthmus install | `tc -batch` install | `tc` per object install | isthmus change one: `reconcile` (full) | isthmus change one: `update` (fast) | `tc qdisc change` (1 process) | isthmus re-apply unchanged: `reconcile` (full) | isthmus re-apply unchanged: `update` (fast) |").unwrap();
+    writeln!(table, "|---|---|---|---|---|---|---|---|---|---|").unwrap();
     for n in [1u32, 100, 1000] {
         let (base, bumped) = (desired(n, false), desired(n, true));
         let commands = tc_commands(n);
         std::fs::write(&batch_path, commands.join("\n") + "\n").unwrap();
         let (mut install, mut batch, mut per_object, mut change, mut tc_change, mut reapply) =
             (vec![], vec![], vec![], vec![], vec![], vec![]);
+        let (mut fast_change, mut fast_reapply) = (vec![], vec![]);
         for run in 0..runs {
             // isthmus: install, change one, re-apply unchanged, remove.
             clear(&pair.a);
@@ -122,6 +125,15 @@ async fn main() {
             let t = Instant::now();
             let r = datapath.reconcile("va", &bumped).await.unwrap();
             reapply.push(t.elapsed());
+            assert_eq!(r.mutations, 0);
+            // The fast path, from the record the full reconciles above left: change the destination back.
+            let t = Instant::now();
+            let r = datapath.update("va", &base).await.unwrap();
+            fast_change.push(t.elapsed());
+            assert_eq!(r.mutations, 1);
+            let t = Instant::now();
+            let r = datapath.update("va", &base).await.unwrap();
+            fast_reapply.push(t.elapsed());
             assert_eq!(r.mutations, 0);
             datapath.reconcile("va", &DesiredState::empty()).await.unwrap();
 
@@ -152,14 +164,16 @@ async fn main() {
         }
         writeln!(
             table,
-            "| {n} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {n} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             commands.len(),
             ms(median(install.clone())),
             ms(median(batch.clone())),
             ms(median(per_object)),
             ms(median(change)),
+            ms(median(fast_change)),
             ms(median(tc_change)),
-            ms(median(reapply))
+            ms(median(reapply)),
+            ms(median(fast_reapply))
         )
         .unwrap();
         eprintln!(

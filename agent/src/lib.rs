@@ -2,3 +2,8 @@
 //! shell), network-namespace resolution, and the service the operator calls.
 
 pub mod datapath;
+pub mod auth;
+pub mod metrics;
+pub mod netns;
+pub mod node;
+pub mod server;

@@ -1,1 +1,219 @@
-fn main() {}
+//! `isthmus-agent`: the node agent (DaemonSet).
+//!
+//! - `isthmus-agent [serve]`: adopt installed trees, then serve the operator's API over mutual TLS and health
+//!   and metrics over plain HTTP. SIGTERM/SIGINT stop it gracefully and leave every impairment in place.
+//! - `isthmus-agent cleanup`: remove every isthmus tree from every interface of every network namespace on the
+//!   node, then exit (the Helm uninstall hook).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use isthmus_agent::auth::{DEFAULT_OPERATOR_IDENTITY, OperatorIdentity, ReloadingTls};
+use isthmus_agent::metrics::Metrics;
+use isthmus_agent::netns::Sources;
+use isthmus_agent::node::{self, Node, NodeConfig};
+use isthmus_agent::server::{self, Health, TlsListener};
+use isthmus_agent_api::client::TlsFiles;
+
+#[derive(Debug, Parser)]
+#[command(name = "isthmus-agent", version, about = "isthmus node agent", args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    mode: Option<Mode>,
+    #[command(flatten)]
+    serve: ServeArgs,
+    #[command(flatten)]
+    common: CommonArgs,
+}
+
+#[derive(Debug, Subcommand)]
+enum Mode {
+    /// Serve the operator's API (the default).
+    Serve {
+        #[command(flatten)]
+        serve: ServeArgs,
+        #[command(flatten)]
+        common: CommonArgs,
+    },
+    /// Remove every isthmus tree from every pod network namespace on the node, then exit.
+    Cleanup {
+        #[command(flatten)]
+        common: CommonArgs,
+    },
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Json,
+    Text,
+}
+
+#[derive(Debug, Clone, Args)]
+struct CommonArgs {
+    /// Log format.
+    #[arg(long, env = "ISTHMUS_LOG_FORMAT", value_enum, default_value = "json")]
+    log_format: LogFormat,
+    /// The host's /proc (the agent runs with hostPID).
+    #[arg(long, env = "ISTHMUS_PROC", default_value = "/proc")]
+    proc: PathBuf,
+    /// Directories of pinned network namespaces, comma-separated (empty: none).
+    #[arg(long, env = "ISTHMUS_NETNS_DIRS", default_value = "/run/netns", value_delimiter = ',')]
+    netns_dirs: Vec<PathBuf>,
+    /// Consider only processes whose /proc/<pid>/cgroup contains this text (for several simulated nodes
+    /// sharing one kernel).
+    #[arg(long, env = "ISTHMUS_CGROUP_FILTER")]
+    cgroup_filter: Option<String>,
+    /// Pods (namespaces) worked on at once.
+    #[arg(long, env = "ISTHMUS_PARALLELISM", default_value_t = 16)]
+    parallelism: usize,
+}
+
+#[derive(Debug, Clone, Args)]
+struct ServeArgs {
+    /// The node this agent runs on (from the downward API); plans for other nodes are refused.
+    #[arg(long, env = "NODE_NAME")]
+    node_name: Option<String>,
+    /// Address of the operator API (mutual TLS).
+    #[arg(long, env = "ISTHMUS_LISTEN", default_value = "0.0.0.0:9443")]
+    listen: SocketAddr,
+    /// Address of /healthz, /readyz and /metrics (plain HTTP).
+    #[arg(long, env = "ISTHMUS_HEALTH_LISTEN", default_value = "0.0.0.0:9464")]
+    health_listen: SocketAddr,
+    /// Directory with ca.crt (the operator's CA), tls.crt and tls.key (the agent's serving certificate).
+    #[arg(long, env = "ISTHMUS_TLS_DIR", default_value = "/etc/isthmus/tls")]
+    tls_dir: PathBuf,
+    /// The DNS SAN the operator's client certificate carries.
+    #[arg(long, env = "ISTHMUS_OPERATOR_IDENTITY", default_value = DEFAULT_OPERATOR_IDENTITY)]
+    operator_identity: String,
+    /// How often the TLS files are checked for changes, in seconds.
+    #[arg(long, env = "ISTHMUS_TLS_RELOAD_SECONDS", default_value_t = 5)]
+    tls_reload_seconds: u64,
+    /// How long in-flight requests may take after SIGTERM, in seconds.
+    #[arg(long, env = "ISTHMUS_SHUTDOWN_GRACE_SECONDS", default_value_t = 20)]
+    shutdown_grace_seconds: u64,
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+fn sources(common: &CommonArgs) -> Sources {
+    Sources {
+        proc_root: common.proc.clone(),
+        netns_dirs: common.netns_dirs.iter().filter(|d| !d.as_os_str().is_empty()).cloned().collect(),
+        cgroup_filter: common.cgroup_filter.clone().filter(|f| !f.is_empty()),
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    limit_malloc_arenas();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(64)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    match cli.mode {
+        None => runtime.block_on(serve(cli.serve, cli.common)),
+        Some(Mode::Serve { serve: args, common }) => runtime.block_on(serve(args, common)),
+        Some(Mode::Cleanup { common }) => runtime.block_on(cleanup(common)),
+    }
+}
+
+async fn cleanup(common: CommonArgs) -> anyhow::Result<()> {
+    init_logging(common.log_format);
+    let (removed, errors) = node::cleanup(&sources(&common), common.parallelism).await.context("listing namespaces")?;
+    tracing::info!(removed, errors = errors.len(), "cleanup finished");
+    if !errors.is_empty() {
+        anyhow::bail!("{} trees could not be removed: {}", errors.len(), errors.join("; "));
+    }
+    Ok(())
+}
+
+async fn serve(args: ServeArgs, common: CommonArgs) -> anyhow::Result<()> {
+    init_logging(common.log_format);
+    let node_name = args.node_name.clone().context("--node-name (or NODE_NAME) is required")?;
+    let identity = OperatorIdentity::new(&args.operator_identity).context("--operator-identity")?;
+    let tls = Arc::new(ReloadingTls::load(TlsFiles::in_dir(&args.tls_dir)).context("loading the TLS files")?);
+    let metrics = Arc::new(Metrics::new());
+
+    // Health first, so that liveness holds while the kernel is probed and installed trees are adopted.
+    let health = Health::new(metrics.clone());
+    let health_listener = tokio::net::TcpListener::bind(args.health_listen)
+        .await
+        .with_context(|| format!("binding --health-listen {}", args.health_listen))?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let health_task = {
+        let mut stop = stop_rx.clone();
+        let router = server::health_router(health.clone());
+        tokio::spawn(async move {
+            axum::serve(health_listener, router)
+                .with_graceful_shutdown(async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                })
+                .await
+        })
+    };
+
+    let node = Node::start(
+        NodeConfig { name: node_name.clone(), sources: sources(&common), parallelism: common.parallelism },
+        metrics.clone(),
+    )
+    .await
+    .context("starting the node (adopting installed trees)")?;
+    let _reload = tls.clone().watch(Duration::from_secs(args.tls_reload_seconds.max(1)));
+
+    let tcp = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding --listen {}", args.listen))?;
+    let listener = TlsListener::new(tcp, tls, identity.clone(), metrics.clone())?;
+    health.set_ready(node.clone());
+    tracing::info!(node = %node_name, api = %args.listen, health = %args.health_listen, operator = %identity.name(), "serving");
+
+    let mut stop = stop_rx.clone();
+    let api = tokio::spawn(server::serve_api(listener, node, async move {
+        let _ = stop.wait_for(|s| *s).await;
+    }));
+    shutdown_signal().await;
+    tracing::info!("shutting down; impairments stay installed");
+    let _ = stop_tx.send(true);
+    let grace = Duration::from_secs(args.shutdown_grace_seconds);
+    if tokio::time::timeout(grace, async {
+        let _ = api.await;
+        let _ = health_task.await;
+    })
+    .await
+    .is_err()
+    {
+        tracing::warn!(?grace, "requests still running after the grace period; exiting anyway");
+    }
+    Ok(())
+}
+
+/// glibc gives every thread that allocates its own arena; the agent enters namespaces from many short-lived
+/// threads, and the arenas' freed memory stays resident. Two arenas keep the footprint small.
+fn limit_malloc_arenas() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only sets an allocator tunable; called before any other thread exists.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 2);
+    }
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("installing the SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("installing the SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}

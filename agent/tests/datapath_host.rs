@@ -255,3 +255,106 @@ async fn open_enters_the_namespace_without_moving_runtime_threads() {
         }
     }
 }
+
+/// `(filter handle, class)` of the u32 entry matching `hex_address` (as `tc` prints a match, e.g. "0a4d0003"):
+/// the entry's header line precedes its match line.
+fn entry_of(ns: &str, hex_address: &str) -> (String, String) {
+    let filters = tc(ns, &["filter", "show", "dev", "va"]);
+    let lines: Vec<&str> = filters.lines().collect();
+    let at = lines.iter().position(|l| l.contains(&format!("match {hex_address}/"))).unwrap_or_else(|| panic!("no entry for {hex_address}:\n{filters}"));
+    let header = lines[..at].iter().rev().find(|l| l.starts_with("filter ")).unwrap();
+    let word_after = |w: &str| {
+        // A terminal entry prints its class as "*flowid".
+        let words: Vec<&str> = header.split_whitespace().map(|x| x.trim_start_matches('*')).collect();
+        words[words.iter().position(|x| *x == w).unwrap_or_else(|| panic!("no {w} in {header}")) + 1].to_owned()
+    };
+    (word_after("fh"), word_after("flowid"))
+}
+
+/// What a person might do behind isthmus's back: remove one destination's entry and class (taking its TBF)
+/// with iproute2. The kernel refuses to delete an HTB class a filter still points to, so the entry goes first.
+fn remove_destination_externally(ns: &str, hex_address: &str) {
+    let (handle, class) = entry_of(ns, hex_address);
+    tc(ns, &["filter", "del", "dev", "va", "parent", "1570:", "prio", "1", "handle", &handle, "protocol", "ip", "u32"]);
+    tc(ns, &["class", "del", "dev", "va", "classid", &class]);
+    assert!(!tc(ns, &["class", "show", "dev", "va"]).contains(&format!("class htb {class} ")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn update_follows_the_record_reconcile_repairs_drift_and_a_refused_update_falls_back() {
+    let pair = Pair::new("update");
+    let datapath = pair.datapath().await;
+    let a = DesiredState::new([
+        (net("10.77.0.2/32"), rate(10_000_000)),
+        (net("10.77.0.3/32"), rate(20_000_000)),
+        (net("10.99.0.0/16"), rate(5_000_000)),
+        (net("fd77::2/128"), rate(30_000_000)),
+    ])
+    .unwrap();
+    let with = |state: &DesiredState, dst: &str, imp: Option<Impairment>| {
+        let mut m: std::collections::BTreeMap<IpNet, Impairment> = state.destinations().map(|(d, i)| (*d, i.clone())).collect();
+        match imp {
+            Some(i) => m.insert(net(dst), i),
+            None => m.remove(&net(dst)),
+        };
+        DesiredState::new(m).unwrap()
+    };
+    // Without a record, update is the full path.
+    let install = datapath.update("va", &a).await.unwrap();
+    assert!(install.added > 0 && install.deleted == 0, "{install:?}");
+    assert_eq!(datapath.reconcile("va", &a).await.unwrap().mutations, 0);
+
+    // Plan changes through the record: one TBF changed in place; a destination added to a CIDR priority that
+    // exists, and one removed (its entry is addressed by the handle the kernel picked); then all read back.
+    let faster = with(&a, "10.77.0.3/32", Some(rate(40_000_000)));
+    let change = datapath.update("va", &faster).await.unwrap();
+    assert_eq!((change.changed, change.mutations), (1, 1), "{change:?}");
+    assert!(tc(&pair.a, &["qdisc", "show", "dev", "va"]).contains("rate 40Mbit"));
+    let reshaped = with(&with(&faster, "10.98.0.0/16", Some(rate(6_000_000))), "10.77.0.2/32", None);
+    let reshape = datapath.update("va", &reshaped).await.unwrap();
+    assert_eq!((reshape.added, reshape.deleted), (3, 2), "class, TBF, entry in; entry, class out: {reshape:?}");
+    let moved = with(&reshaped, "10.99.0.0/16", None);
+    assert_eq!(datapath.update("va", &moved).await.unwrap().deleted, 2);
+    assert_eq!(datapath.installed("va").await.unwrap(), Some(moved.clone()), "the dump reads back as the tree");
+    assert_eq!(datapath.reconcile("va", &moved).await.unwrap().mutations, 0, "the dump equals the tree exactly");
+
+    // Drift an update does not touch goes unnoticed (documented); reconcile repairs it.
+    remove_destination_externally(&pair.a, "0a4d0003");
+    assert_eq!(datapath.update("va", &moved).await.unwrap().mutations, 0, "update trusts its record");
+    assert_ne!(datapath.installed("va").await.unwrap(), Some(moved.clone()));
+    let repair = datapath.reconcile("va", &moved).await.unwrap();
+    assert_eq!((repair.added, repair.mutations), (3, 3), "class, TBF and entry again: {repair:?}");
+    assert_eq!(datapath.installed("va").await.unwrap(), Some(moved.clone()));
+
+    // An update that touches the removed object is refused by the kernel, falls back to the full path and
+    // succeeds; the record it leaves is right again.
+    remove_destination_externally(&pair.a, "0a4d0003");
+    let touched = with(&moved, "10.77.0.3/32", Some(rate(50_000_000)));
+    let fallback = datapath.update("va", &touched).await.unwrap();
+    assert_eq!((fallback.added, fallback.mutations), (3, 3), "the full path re-added it: {fallback:?}");
+    assert_eq!(datapath.installed("va").await.unwrap(), Some(touched.clone()));
+    assert!(tc(&pair.a, &["qdisc", "show", "dev", "va"]).contains("rate 50Mbit"));
+    assert_eq!(datapath.update("va", &touched).await.unwrap().mutations, 0);
+    assert_eq!(datapath.reconcile("va", &touched).await.unwrap().mutations, 0);
+
+    let cleared = datapath.update("va", &DesiredState::empty()).await.unwrap();
+    assert_eq!(cleared.mutations, 1, "the root takes everything below it");
+    assert!(tc(&pair.a, &["class", "show", "dev", "va"]).trim().is_empty());
+    assert_eq!(datapath.installed("va").await.unwrap(), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_interface_drops_the_record() {
+    let pair = Pair::new("ifindex");
+    let datapath = pair.datapath().await;
+    let desired = DesiredState::new([(net("10.77.0.2/32"), rate(10_000_000)), (net("10.99.0.0/16"), rate(5_000_000))]).unwrap();
+    let install = datapath.reconcile("va", &desired).await.unwrap();
+    assert_eq!(datapath.reconcile("va", &desired).await.unwrap().mutations, 0);
+    assert_eq!(datapath.update("va", &desired).await.unwrap().mutations, 0);
+    // Same name, new interface (as after a CNI re-creates it): empty, with another index.
+    support::run(&["ip", "-n", &pair.a, "link", "del", "va"]);
+    support::run(&["ip", "-n", &pair.a, "link", "add", "va", "type", "veth", "peer", "name", "vb", "netns", &pair.b]);
+    let again = datapath.update("va", &desired).await.unwrap();
+    assert_eq!(again.added, install.added, "the record of the old interface must not be trusted: {again:?}");
+    assert_eq!(datapath.installed("va").await.unwrap(), Some(desired));
+}

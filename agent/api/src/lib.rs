@@ -3,6 +3,8 @@
 //!
 //! Everything here is plain data with serde; nothing knows about Kubernetes selectors or tc handles.
 
+#[cfg(feature = "client")]
+pub mod client;
 pub mod impairment;
 pub mod plan;
 

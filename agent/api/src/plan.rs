@@ -13,6 +13,12 @@ use crate::Impairment;
 
 /// The API path prefix and version of the agent's HTTP API.
 pub const API_PREFIX: &str = "/v1";
+/// `PUT` a [`NodePlan`], answered with an [`ApplyReply`].
+pub const PLAN_PATH: &str = "/v1/plan";
+/// `GET` the [`ObservedState`].
+pub const OBSERVED_PATH: &str = "/v1/observed";
+/// `GET` the node's [`Capabilities`].
+pub const CAPABILITIES_PATH: &str = "/v1/capabilities";
 
 /// Which NetworkLink (and direction) asked for a destination's impairment; used for metrics and status.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -116,6 +122,9 @@ pub struct PodResult {
     pub namespace: String,
     pub name: String,
     pub outcome: PodOutcome,
+    /// Netlink changes this apply sent for the pod (0 when the kernel already matched the plan).
+    #[serde(default)]
+    pub mutations: u64,
 }
 
 /// The reply to a plan.
@@ -175,6 +184,17 @@ pub struct ObservedPod {
     pub destinations: Vec<ObservedDestination>,
 }
 
+/// An isthmus tree found installed when the agent started, kept untouched until the first plan says whether it
+/// is still wanted (so impairments do not flap while the agent restarts).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AdoptedTree {
+    /// Inode of the network namespace (as `ip netns identify`/`lsns` show it).
+    pub netns_inode: u64,
+    pub interface: String,
+    pub destinations: Vec<ObservedDestination>,
+}
+
 /// The reply to a read of the node's observed state.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -183,4 +203,46 @@ pub struct ObservedState {
     pub version: u64,
     pub pods: Vec<ObservedPod>,
     pub capabilities: Capabilities,
+    /// Trees adopted at start-up that no plan has claimed or removed yet (empty once a plan was applied).
+    #[serde(default)]
+    pub adopted: Vec<AdoptedTree>,
+}
+
+/// The body of every non-2xx reply of the agent's API.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ErrorBody {
+    pub message: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replies_from_before_the_additive_fields_still_parse() {
+        let result: PodResult =
+            serde_json::from_str(r#"{"uid":"u","namespace":"n","name":"p","outcome":{"state":"applied"}}"#).unwrap();
+        assert_eq!(result.mutations, 0);
+        assert_eq!(result.outcome, PodOutcome::Applied);
+        let observed: ObservedState = serde_json::from_str(
+            r#"{"node":"n","version":3,"pods":[],"capabilities":{"kernelRelease":"6.18","htb":true,"tbf":true,"netem":false,"u32":true,"duplicateRestricted":false}}"#,
+        )
+        .unwrap();
+        assert!(observed.adopted.is_empty());
+    }
+
+    #[test]
+    fn a_failed_pod_serializes_with_its_kind() {
+        let result = PodResult {
+            uid: "u".into(),
+            namespace: "n".into(),
+            name: "p".into(),
+            outcome: PodOutcome::Failed(PodError { kind: PodErrorKind::HostNetwork, message: "m".into() }),
+            mutations: 0,
+        };
+        let json = serde_json::to_value(&result).unwrap();
+        assert_eq!(json["outcome"]["state"], "failed");
+        assert_eq!(json["outcome"]["kind"], "HostNetwork");
+    }
 }

@@ -1,0 +1,127 @@
+//! Agent benchmark (rerunnable; root): the agent binary applies a plan of 100 pods × 100 destinations (rate-only
+//! trees) on one node made of 100 throwaway network namespaces. Prints, per phase, the time from call to
+//! reply (median and range over the rounds) and the agent's resident memory.
+//!
+//! `cargo bench -p isthmus-agent --bench agent_apply` (env `ROUNDS`, default 3).
+
+#[path = "../tests/agent_common/mod.rs"]
+mod agent_common;
+
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use agent_common::{Agent, AgentOptions, Fleet, TempDir, TestCerts};
+use ipnet::IpNet;
+use isthmus_agent_api::{DestinationPlan, Direction, Impairment, LinkRef, NodePlan, PodOutcome, PodPlan};
+
+const NODE: &str = "node-bench";
+const PODS: usize = 100;
+const DESTINATIONS: usize = 100;
+
+fn plan(fleet: &Fleet, version: u64, pods: usize, rate_base: u64) -> NodePlan {
+    NodePlan {
+        node: NODE.into(),
+        version,
+        pods: (0..pods)
+            .map(|i| PodPlan {
+                uid: format!("uid-{i}"),
+                namespace: "bench".into(),
+                name: format!("pod-{i}"),
+                ips: vec![fleet.ips[i]],
+                interface: "eth0".into(),
+                host_network: false,
+                destinations: (0..DESTINATIONS)
+                    .map(|d| DestinationPlan {
+                        destination: IpNet::from(IpAddr::from([10, 245, (d / 250) as u8, (d % 250 + 1) as u8])),
+                        impairment: Impairment { rate_bps: Some(rate_base + d as u64 * 1000), ..Default::default() },
+                        link: LinkRef { namespace: "bench".into(), name: format!("link-{d}"), direction: Direction::Forward },
+                    })
+                    .collect(),
+            })
+            .collect(),
+    }
+}
+
+fn median(mut v: Vec<f64>) -> (f64, f64, f64) {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    (v[v.len() / 2], v[0], v[v.len() - 1])
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    let rounds: usize = std::env::var("ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
+    let work = TempDir::new("isth-bench-");
+    let pinned = work.path().join("netns");
+    let proc_dir = work.path().join("proc");
+    std::fs::create_dir_all(&pinned).unwrap();
+    std::fs::create_dir_all(&proc_dir).unwrap();
+    let setup = Instant::now();
+    let fleet = Fleet::new("isth-ab-", PODS, &pinned, [10, 244]);
+    eprintln!("{PODS} namespaces with veths created in {:.1} s", setup.elapsed().as_secs_f64());
+    let certs = TestCerts::new();
+    let agent = Agent::start(&AgentOptions {
+        node: NODE,
+        tls_dir: &certs.agent_dir(),
+        proc: &proc_dir,
+        netns_dir: &pinned,
+        log_dir: work.path(),
+        extra_env: vec![],
+    });
+    let client = certs.operator();
+    let (rss_idle, _) = agent.rss_kib();
+
+    let phases = ["apply (empty node)", "apply (unchanged)", "apply (every rate changed)", "observe (10,000 links)", "apply (empty plan: remove all)"];
+    let mut times: Vec<Vec<f64>> = vec![Vec::new(); phases.len()];
+    let mut rss_after = Vec::new();
+    let mut version = 0;
+    for round in 0..rounds {
+        let timed_apply = |plan: NodePlan| {
+            let client = &client;
+            let api = agent.api;
+            async move {
+                let start = Instant::now();
+                let reply = client.apply(api, &plan).await.expect("apply");
+                let elapsed = start.elapsed().as_secs_f64();
+                assert!(reply.pods.iter().all(|p| p.outcome == PodOutcome::Applied), "{:?}", reply.pods.iter().find(|p| p.outcome != PodOutcome::Applied));
+                (elapsed, reply.pods.iter().map(|p| p.mutations).sum::<u64>())
+            }
+        };
+        version += 1;
+        let (t, m_cold) = timed_apply(plan(&fleet, version, PODS, 10_000_000)).await;
+        times[0].push(t);
+        version += 1;
+        let (t, m_same) = timed_apply(plan(&fleet, version, PODS, 10_000_000)).await;
+        assert_eq!(m_same, 0, "an unchanged plan sends nothing");
+        times[1].push(t);
+        version += 1;
+        let (t, m_changed) = timed_apply(plan(&fleet, version, PODS, 20_000_000)).await;
+        times[2].push(t);
+        let start = Instant::now();
+        let observed = client.observed(agent.api).await.unwrap();
+        times[3].push(start.elapsed().as_secs_f64());
+        assert_eq!(observed.pods.iter().map(|p| p.destinations.len()).sum::<usize>(), PODS * DESTINATIONS);
+        rss_after.push(agent.rss_kib());
+        version += 1;
+        let (t, _) = timed_apply(NodePlan { node: NODE.into(), version, pods: vec![] }).await;
+        times[4].push(t);
+        eprintln!("round {round}: mutations cold {m_cold}, unchanged {m_same}, changed {m_changed}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (rss_end, hwm) = agent.rss_kib();
+    println!("\n### Agent: {PODS} pods × {DESTINATIONS} destinations, rate-only trees, {rounds} rounds\n");
+    println!("| phase | median (s) | min (s) | max (s) |");
+    println!("|---|---|---|---|");
+    for (phase, t) in phases.iter().zip(times) {
+        let (m, lo, hi) = median(t);
+        println!("| {phase} | {m:.3} | {lo:.3} | {hi:.3} |");
+    }
+    let max_rss = rss_after.iter().map(|r| r.0).max().unwrap_or(0);
+    println!("\n| agent memory | MiB |\n|---|---|");
+    println!("| resident after start (adoption, no plan) | {:.1} |", rss_idle as f64 / 1024.0);
+    println!("| resident with 10,000 links installed (max over rounds) | {:.1} |", max_rss as f64 / 1024.0);
+    println!("| resident at the end | {:.1} |", rss_end as f64 / 1024.0);
+    println!("| peak resident (VmHWM) | {:.1} |", hwm as f64 / 1024.0);
+}

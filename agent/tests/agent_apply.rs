@@ -1,0 +1,279 @@
+//! Applying plans through the agent binary on this machine's kernel (rate-only trees: htb, tbf, u32):
+//! apply, unchanged, change, stale, per-pod errors, garbage collection, graceful shutdown that keeps the
+//! impairments, adoption after a restart, and the cleanup mode. Throughput is measured through real veths.
+
+mod agent_common;
+
+use std::net::IpAddr;
+use std::process::Command;
+use std::time::Duration;
+
+use agent_common::{Agent, AgentOptions, Ns, TempDir, TestCerts, http_get, ip, veth};
+use isthmus_agent_api::client::ClientError;
+use isthmus_agent_api::{
+    DestinationPlan, Direction, Impairment, LinkRef, NodePlan, PodErrorKind, PodOutcome, PodPlan, PodResult,
+};
+
+const NODE: &str = "node-apply";
+
+fn addr(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn rate(bps: u64) -> Impairment {
+    Impairment { rate_bps: Some(bps), ..Default::default() }
+}
+
+fn link(name: &str) -> LinkRef {
+    LinkRef { namespace: "default".into(), name: name.into(), direction: Direction::Forward }
+}
+
+fn pod(uid: &str, name: &str, ips: &[IpAddr], destinations: Vec<(IpAddr, Impairment)>) -> PodPlan {
+    PodPlan {
+        uid: uid.into(),
+        namespace: "default".into(),
+        name: name.into(),
+        ips: ips.to_vec(),
+        interface: "eth0".into(),
+        host_network: false,
+        destinations: destinations
+            .into_iter()
+            .map(|(ip, impairment)| DestinationPlan { destination: ip.into(), impairment, link: link("l1") })
+            .collect(),
+    }
+}
+
+fn outcome<'a>(results: &'a [PodResult], uid: &str) -> &'a PodOutcome {
+    &results.iter().find(|r| r.uid == uid).unwrap_or_else(|| panic!("no result for {uid}: {results:?}")).outcome
+}
+
+fn error_kind(results: &[PodResult], uid: &str) -> PodErrorKind {
+    match outcome(results, uid) {
+        PodOutcome::Failed(e) => e.kind,
+        other => panic!("{uid}: expected an error, got {other:?}"),
+    }
+}
+
+fn mbit(bps: f64) -> f64 {
+    bps / 1e6
+}
+
+/// A "node": a pod namespace whose eth0 reaches two destination namespaces through a bridge.
+struct Topology {
+    pod: Ns,
+    dst1: Ns,
+    dst2: Ns,
+    switch: Ns,
+    pod_ip: IpAddr,
+    dst1_ip: IpAddr,
+    dst2_ip: IpAddr,
+}
+
+fn topology(pinned: &std::path::Path) -> Topology {
+    let k = (std::process::id() % 200 + 20) as u8;
+    let switch = Ns::new("isth-aa-sw-");
+    ip(&["-n", &switch.name, "link", "add", "br0", "type", "bridge"]);
+    ip(&["-n", &switch.name, "link", "set", "br0", "up"]);
+    let pod = Ns::new_pinned("isth-aa-pod-", pinned);
+    let dst1 = Ns::new_pinned("isth-aa-d1-", pinned);
+    let dst2 = Ns::new_pinned("isth-aa-d2-", pinned);
+    let pod_ip = addr(&format!("10.237.{k}.2"));
+    let dst1_ip = addr(&format!("10.237.{k}.3"));
+    let dst2_ip = addr(&format!("10.237.{k}.4"));
+    for (ns, port, ip_addr) in [(&pod, "p0", pod_ip), (&dst1, "p1", dst1_ip), (&dst2, "p2", dst2_ip)] {
+        // The switch side gets a throwaway address-less port on the bridge.
+        veth(ns, "eth0", ip_addr, &switch, port, addr(&format!("10.238.{k}.{}", port.as_bytes()[1])));
+        ip(&["-n", &switch.name, "addr", "flush", "dev", port]);
+        ip(&["-n", &switch.name, "link", "set", port, "master", "br0"]);
+    }
+    Topology { pod, dst1, dst2, switch, pod_ip, dst1_ip, dst2_ip }
+}
+
+fn throughput(from: &Ns, to: &Ns, to_ip: IpAddr) -> f64 {
+    agent_common::tcp_throughput(from, to, to_ip, 64 << 20, Duration::from_millis(1500))
+}
+
+fn has_isthmus_root(ns: &Ns) -> bool {
+    ns.qdiscs("eth0").lines().any(|l| l.contains("htb") && l.contains("root"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_apply_change_gc_shutdown_adopt_and_cleanup() {
+    let work = TempDir::new("isth-apply-");
+    let pinned = work.path().join("netns");
+    let proc_dir = work.path().join("proc");
+    std::fs::create_dir_all(&pinned).unwrap();
+    std::fs::create_dir_all(&proc_dir).unwrap();
+    let t = topology(&pinned);
+    let certs = TestCerts::new();
+    let options = AgentOptions {
+        node: NODE,
+        tls_dir: &certs.agent_dir(),
+        proc: &proc_dir,
+        netns_dir: &pinned,
+        log_dir: work.path(),
+        extra_env: vec![],
+    };
+    let mut agent = Agent::start(&options);
+    let client = certs.operator();
+
+    let bare = throughput(&t.pod, &t.dst1, t.dst1_ip);
+
+    // v1: 20 Mbit/s towards dst1 only.
+    let v1 = NodePlan { node: NODE.into(), version: 1, pods: vec![pod("uid-p", "p", &[t.pod_ip], vec![(t.dst1_ip, rate(20_000_000))])] };
+    let reply = client.apply(agent.api, &v1).await.unwrap();
+    assert!(!reply.stale);
+    assert_eq!(outcome(&reply.pods, "uid-p"), &PodOutcome::Applied, "{reply:?}");
+    assert!(reply.pods[0].mutations > 0);
+    assert!(has_isthmus_root(&t.pod));
+    let shaped = throughput(&t.pod, &t.dst1, t.dst1_ip);
+    let other = throughput(&t.pod, &t.dst2, t.dst2_ip);
+    eprintln!("bare {:.0} Mbit/s, shaped {:.1} Mbit/s, other destination {:.0} Mbit/s", mbit(bare), mbit(shaped), mbit(other));
+    assert!((12e6..28e6).contains(&shaped), "20 Mbit/s limit measured {:.1} Mbit/s", mbit(shaped));
+    assert!(other > 150e6, "unimpaired destination measured {:.1} Mbit/s", mbit(other));
+
+    // The same plan again: nothing sent to the kernel.
+    let again = client.apply(agent.api, &v1).await.unwrap();
+    assert_eq!(outcome(&again.pods, "uid-p"), &PodOutcome::Applied);
+    assert_eq!(again.pods[0].mutations, 0, "an unchanged plan mutates nothing: {again:?}");
+
+    // v2: 60 Mbit/s.
+    let v2 = NodePlan { version: 2, pods: vec![pod("uid-p", "p", &[t.pod_ip], vec![(t.dst1_ip, rate(60_000_000))])], ..v1.clone() };
+    let reply = client.apply(agent.api, &v2).await.unwrap();
+    assert_eq!(outcome(&reply.pods, "uid-p"), &PodOutcome::Applied);
+    assert!(reply.pods[0].mutations > 0);
+    let faster = throughput(&t.pod, &t.dst1, t.dst1_ip);
+    eprintln!("after the change: {:.1} Mbit/s", mbit(faster));
+    assert!((40e6..80e6).contains(&faster), "60 Mbit/s limit measured {:.1} Mbit/s", mbit(faster));
+
+    // An older version is stale: nothing happens.
+    let stale = client.apply(agent.api, &v1).await.unwrap();
+    assert!(stale.stale);
+    assert_eq!(stale.version, 2);
+    let still = throughput(&t.pod, &t.dst1, t.dst1_ip);
+    assert!(still > 40e6, "the stale plan must not have restored 20 Mbit/s ({:.1})", mbit(still));
+
+    // A plan for another node is refused.
+    let wrong = NodePlan { node: "elsewhere".into(), version: 9, ..v2.clone() };
+    let err = client.apply(agent.api, &wrong).await.unwrap_err();
+    assert!(matches!(err, ClientError::Status { status, .. } if status.as_u16() == 409), "{err}");
+
+    // Per-pod errors never block the good pod. dst1 gets a root qdisc isthmus did not install.
+    t.dst1.tc(&["qdisc", "add", "dev", "eth0", "root", "handle", "7:", "tbf", "rate", "1gbit", "burst", "64kb", "latency", "50ms"]);
+    let mut bad_interface = pod("uid-if", "badif", &[t.dst2_ip], vec![(t.pod_ip, rate(1_000_000))]);
+    bad_interface.interface = "nope0".into();
+    let mut host = pod("uid-host", "host", &[addr("10.0.0.1")], vec![(t.pod_ip, rate(1_000_000))]);
+    host.host_network = true;
+    let mut invalid = pod("uid-inv", "inv", &[t.dst2_ip], vec![(t.pod_ip, rate(1_000_000))]);
+    invalid.destinations[0].impairment = Impairment { burst_bytes: Some(10_000), ..Default::default() };
+    let v3 = NodePlan {
+        node: NODE.into(),
+        version: 3,
+        pods: vec![
+            pod("uid-p", "p", &[t.pod_ip], vec![(t.dst1_ip, rate(60_000_000)), (t.dst2_ip, rate(30_000_000))]),
+            pod("uid-gone", "gone", &[addr("10.237.250.250")], vec![(t.pod_ip, rate(1_000_000))]),
+            bad_interface,
+            host,
+            invalid,
+            pod("uid-foreign", "foreign", &[t.dst1_ip], vec![(t.pod_ip, rate(1_000_000))]),
+        ],
+    };
+    let reply = client.apply(agent.api, &v3).await.unwrap();
+    assert_eq!(outcome(&reply.pods, "uid-p"), &PodOutcome::Applied, "{reply:?}");
+    assert_eq!(error_kind(&reply.pods, "uid-gone"), PodErrorKind::PodNotFound);
+    assert_eq!(error_kind(&reply.pods, "uid-if"), PodErrorKind::InterfaceNotFound);
+    assert_eq!(error_kind(&reply.pods, "uid-host"), PodErrorKind::HostNetwork);
+    assert_eq!(error_kind(&reply.pods, "uid-inv"), PodErrorKind::InvalidPlan);
+    assert_eq!(error_kind(&reply.pods, "uid-foreign"), PodErrorKind::ForeignQdisc);
+    if let PodOutcome::Failed(e) = outcome(&reply.pods, "uid-inv") {
+        assert!(e.message.contains("burst"), "{}", e.message);
+    }
+    assert!(t.dst1.qdiscs("eth0").contains("tbf 7:"), "the foreign qdisc is untouched");
+
+    // Observed state and metrics carry the kernel's counters per destination.
+    let _ = throughput(&t.pod, &t.dst2, t.dst2_ip);
+    let observed = client.observed(agent.api).await.unwrap();
+    assert_eq!(observed.version, 3);
+    let p = observed.pods.iter().find(|p| p.uid == "uid-p").expect("pod observed");
+    assert_eq!(p.destinations.len(), 2);
+    let to_dst2 = p.destinations.iter().find(|d| d.destination == t.dst2_ip.into()).unwrap();
+    assert!(to_dst2.counters.packets > 100 && to_dst2.counters.bytes > 100_000, "{to_dst2:?}");
+    assert_eq!(to_dst2.link.as_ref().unwrap().name, "l1");
+    let (_, metrics) = http_get(agent.health, "/metrics").unwrap();
+    let line = metrics
+        .lines()
+        .find(|l| l.starts_with("isthmus_link_bytes_total{") && l.contains(&format!("destination=\"{}/32\"", t.dst2_ip)))
+        .unwrap_or_else(|| panic!("no per-link metric: {metrics}"));
+    assert!(line.contains("link_name=\"l1\"") && line.contains("pod_name=\"p\"") && line.contains("direction=\"forward\""), "{line}");
+    assert!(metrics.contains("isthmus_agent_pod_errors_total{kind=\"ForeignQdisc\"} 1"), "{metrics}");
+
+    // v4 drops the pod: its tree is removed; the foreign qdisc stays.
+    let v4 = NodePlan { node: NODE.into(), version: 4, pods: vec![] };
+    client.apply(agent.api, &v4).await.unwrap();
+    assert!(!has_isthmus_root(&t.pod), "{}", t.pod.qdiscs("eth0"));
+    assert!(t.dst1.qdiscs("eth0").contains("tbf 7:"));
+    let free = throughput(&t.pod, &t.dst1, t.dst1_ip);
+    assert!(free > 150e6, "after removal {:.1} Mbit/s", mbit(free));
+
+    // v5: two pods shaped; then SIGTERM: the impairments stay.
+    let v5 = NodePlan {
+        node: NODE.into(),
+        version: 5,
+        pods: vec![
+            pod("uid-p", "p", &[t.pod_ip], vec![(t.dst1_ip, rate(20_000_000))]),
+            pod("uid-d2", "d2", &[t.dst2_ip], vec![(t.pod_ip, rate(20_000_000))]),
+        ],
+    };
+    let reply = client.apply(agent.api, &v5).await.unwrap();
+    assert!(reply.pods.iter().all(|r| r.outcome == PodOutcome::Applied), "{reply:?}");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(agent.child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+    let status = agent.child.wait().unwrap();
+    assert!(status.success(), "graceful exit: {status}");
+    assert!(agent.log_text().contains("impairments stay installed"));
+    assert!(has_isthmus_root(&t.pod) && has_isthmus_root(&t.dst2));
+    let kept = throughput(&t.pod, &t.dst1, t.dst1_ip);
+    assert!(kept < 28e6, "still shaped while the agent is down ({:.1} Mbit/s)", mbit(kept));
+
+    // Restart: the trees are adopted, untouched, until the next plan.
+    drop(agent);
+    let agent = Agent::start(&options);
+    let observed = client.observed(agent.api).await.unwrap();
+    assert_eq!(observed.adopted.len(), 2, "{observed:?}");
+    assert!(observed.adopted.iter().any(|a| a.netns_inode == t.pod.inode() && a.destinations.len() == 1));
+    assert!(has_isthmus_root(&t.pod));
+    // The first plan keeps the pod it still wants without changes and removes the other adopted tree.
+    let v1_again = NodePlan {
+        node: NODE.into(),
+        version: 1,
+        pods: vec![pod("uid-p", "p", &[t.pod_ip], vec![(t.dst1_ip, rate(20_000_000))])],
+    };
+    let reply = client.apply(agent.api, &v1_again).await.unwrap();
+    assert_eq!(reply.pods[0].outcome, PodOutcome::Applied);
+    assert_eq!(reply.pods[0].mutations, 0, "the adopted tree already matched");
+    assert!(has_isthmus_root(&t.pod));
+    assert!(!has_isthmus_root(&t.dst2), "the adopted tree no plan wants is removed");
+    let observed = client.observed(agent.api).await.unwrap();
+    assert!(observed.adopted.is_empty());
+    drop(agent);
+
+    // Cleanup mode removes every isthmus tree and nothing else.
+    client_apply_with_fresh_agent(&options, &certs, &v5).await;
+    assert!(has_isthmus_root(&t.pod) && has_isthmus_root(&t.dst2));
+    let out = Command::new(env!("CARGO_BIN_EXE_isthmus-agent"))
+        .args(["cleanup", "--log-format", "text", "--proc"])
+        .arg(&proc_dir)
+        .arg("--netns-dirs")
+        .arg(&pinned)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!has_isthmus_root(&t.pod) && !has_isthmus_root(&t.dst2));
+    assert!(t.dst1.qdiscs("eth0").contains("tbf 7:"), "cleanup never removes a foreign qdisc");
+    drop(t.switch);
+}
+
+async fn client_apply_with_fresh_agent(options: &AgentOptions<'_>, certs: &TestCerts, plan: &NodePlan) {
+    let agent = Agent::start(options);
+    let reply = certs.operator().apply(agent.api, plan).await.unwrap();
+    assert!(reply.pods.iter().all(|r| r.outcome == PodOutcome::Applied), "{reply:?}");
+}

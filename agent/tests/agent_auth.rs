@@ -1,0 +1,193 @@
+//! Who may call the agent, with real TLS against the agent binary: the operator's certificate is accepted;
+//! no certificate, a certificate from another CA, and a valid certificate for another identity are refused;
+//! rotated certificates are used without a restart, on both sides.
+
+mod agent_common;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use agent_common::{Agent, AgentOptions, OPERATOR, Pki, SERVER_NAME, TempDir, TestCerts, http_get};
+use isthmus_agent_api::client::{ClientError, TlsFiles};
+use rustls::pki_types::ServerName;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn start_agent(certs: &TestCerts, work: &TempDir) -> Agent {
+    let proc_dir = work.path().join("proc");
+    let netns_dir = work.path().join("netns");
+    std::fs::create_dir_all(&proc_dir).unwrap();
+    std::fs::create_dir_all(&netns_dir).unwrap();
+    Agent::start(&AgentOptions {
+        node: "node-auth",
+        tls_dir: &certs.agent_dir(),
+        proc: &proc_dir,
+        netns_dir: &netns_dir,
+        log_dir: work.path(),
+        extra_env: vec![],
+    })
+}
+
+/// A TLS connection that presents no client certificate; returns what the server answered, or the error.
+async fn call_without_client_cert(agent: SocketAddr, ca_pem: &[u8]) -> Result<String, String> {
+    let files = TlsFiles { ca: "ca.crt".into(), cert: "-".into(), key: "-".into() };
+    let material = isthmus_agent_api::client::TlsMaterial { ca: ca_pem.to_vec(), cert: vec![], key: vec![] };
+    let roots = material.root_store(&files).unwrap();
+    let config = rustls::ClientConfig::builder_with_provider(isthmus_agent_api::client::crypto_provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(agent).await.map_err(|e| e.to_string())?;
+    let mut tls = connector.connect(ServerName::try_from(SERVER_NAME).unwrap(), tcp).await.map_err(|e| e.to_string())?;
+    // With TLS 1.3 the server's refusal arrives after the client's side of the handshake: on first use.
+    tls.write_all(b"GET /v1/capabilities HTTP/1.1\r\nHost: isthmus-agent\r\nConnection: close\r\n\r\n")
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut response = String::new();
+    tls.read_to_string(&mut response).await.map_err(|e| e.to_string())?;
+    Ok(response)
+}
+
+fn write_client(dir: &Path, trust: &Pki, issuer: &Pki, identity: &str) {
+    issuer.write(dir, trust, &issuer.issue(identity, false));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_auth_only_the_operator_is_served() {
+    let certs = TestCerts::new();
+    let work = TempDir::new("isth-auth-");
+    let agent = start_agent(&certs, &work);
+
+    // The operator.
+    let caps = certs.operator().capabilities(agent.api).await.expect("the operator is served");
+    assert!(!caps.kernel_release.is_empty());
+
+    // No client certificate: the handshake is refused.
+    let ca_pem = std::fs::read(certs.agent_dir().join("ca.crt")).unwrap();
+    let no_cert = call_without_client_cert(agent.api, &ca_pem).await;
+    assert!(no_cert.as_ref().is_err_and(|e| e.contains("CertificateRequired") || e.contains("certificate")), "{no_cert:?}");
+
+    // A certificate for the operator's name from another CA: the handshake is refused.
+    let rogue = Pki::new("rogue CA");
+    let rogue_dir = work.path().join("rogue");
+    write_client(&rogue_dir, &certs.ca, &rogue, OPERATOR);
+    let err = certs.client_from(&rogue_dir).capabilities(agent.api).await.unwrap_err();
+    assert!(matches!(err, ClientError::Http { .. } | ClientError::Connect { .. }), "{err}");
+    assert!(!err.is_forbidden());
+
+    // A valid certificate of the same CA for another ServiceAccount: 403.
+    let other_dir = work.path().join("other");
+    write_client(&other_dir, &certs.ca, &certs.ca, "default.isthmus-system.serviceaccount.isthmus");
+    let err = certs.client_from(&other_dir).capabilities(agent.api).await.unwrap_err();
+    assert!(err.is_forbidden(), "{err}");
+    assert!(err.to_string().contains("not for the operator"), "{err}");
+    // The same for a plan: nothing is applied.
+    let plan = isthmus_agent_api::NodePlan { node: "node-auth".into(), version: 1, pods: vec![] };
+    assert!(certs.client_from(&other_dir).apply(agent.api, &plan).await.unwrap_err().is_forbidden());
+    let observed = certs.operator().observed(agent.api).await.unwrap();
+    assert_eq!(observed.version, 0, "the refused plan was not applied");
+
+    // The agent's own serving certificate is not a client certificate.
+    let server_as_client = work.path().join("server-as-client");
+    certs.ca.write(&server_as_client, &certs.ca, &certs.ca.issue(SERVER_NAME, true));
+    assert!(certs.client_from(&server_as_client).capabilities(agent.api).await.is_err());
+
+    // Health and metrics are plain HTTP on their own port, and count the refusals.
+    assert_eq!(http_get(agent.health, "/healthz").unwrap().0, 200);
+    let (code, metrics) = http_get(agent.health, "/metrics").unwrap();
+    assert_eq!(code, 200);
+    assert!(metrics.contains("isthmus_agent_forbidden_requests_total 2"), "{metrics}");
+    let handshakes = metrics
+        .lines()
+        .find(|l| l.starts_with("isthmus_agent_tls_handshake_failures_total"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap();
+    assert!(handshakes >= 2, "{metrics}");
+}
+
+/// Replaces a Secret-like directory the way kubelet does: new files in a fresh directory, then a symlink swap.
+fn kubelet_style_dir(root: &Path, generation: u32, write: impl FnOnce(&Path)) -> std::path::PathBuf {
+    let data = root.join(format!("..gen{generation}"));
+    write(&data);
+    let tmp = root.join("..data_tmp");
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(data.file_name().unwrap(), &tmp).unwrap();
+    std::fs::rename(&tmp, root.join("..data")).unwrap();
+    for name in ["ca.crt", "tls.crt", "tls.key"] {
+        let link = root.join(name);
+        if std::fs::symlink_metadata(&link).is_err() {
+            std::os::unix::fs::symlink(format!("..data/{name}"), &link).unwrap();
+        }
+    }
+    root.to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_auth_rotated_certificates_are_used_without_restart() {
+    let work = TempDir::new("isth-rot-");
+    let old = Pki::new("CA generation 1");
+    let agent_root = work.path().join("agent-secret");
+    let operator_root = work.path().join("operator-secret");
+    std::fs::create_dir_all(&agent_root).unwrap();
+    std::fs::create_dir_all(&operator_root).unwrap();
+    kubelet_style_dir(&agent_root, 1, |d| old.write(d, &old, &old.issue(SERVER_NAME, true)));
+    kubelet_style_dir(&operator_root, 1, |d| old.write(d, &old, &old.issue(OPERATOR, false)));
+
+    let proc_dir = work.path().join("proc");
+    let netns_dir = work.path().join("netns");
+    std::fs::create_dir_all(&proc_dir).unwrap();
+    std::fs::create_dir_all(&netns_dir).unwrap();
+    let agent = Agent::start(&AgentOptions {
+        node: "node-rot",
+        tls_dir: &agent_root,
+        proc: &proc_dir,
+        netns_dir: &netns_dir,
+        log_dir: work.path(),
+        extra_env: vec![],
+    });
+    let pid = agent.child.id();
+    let certs = TestCerts::new();
+    let operator = certs.client_from(&operator_root);
+    operator.capabilities(agent.api).await.expect("generation 1 works");
+
+    // Rotate everything to a new CA: the agent's files first, then the operator's.
+    let new = Pki::new("CA generation 2");
+    kubelet_style_dir(&agent_root, 2, |d| new.write(d, &new, &new.issue(SERVER_NAME, true)));
+    kubelet_style_dir(&operator_root, 2, |d| new.write(d, &new, &new.issue(OPERATOR, false)));
+
+    // The same client object picks up its new files; the agent reloads within its poll interval.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        match operator.capabilities(agent.api).await {
+            Ok(_) => break,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "rotated certificates never accepted: {e}\n{}", agent.log_text());
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+    assert_eq!(agent.child.id(), pid, "no restart");
+    assert!(agent.log_text().contains("TLS certificates changed on disk"));
+
+    // A client still holding generation-1 certificates is now refused.
+    let stale_dir = work.path().join("stale");
+    old.write(&stale_dir, &old, &old.issue(OPERATOR, false));
+    assert!(certs.client_from(&stale_dir).capabilities(agent.api).await.is_err());
+
+    // A half-written rotation (key missing) is reported and the working certificates stay in force.
+    let broken = agent_root.join("..gen3");
+    std::fs::create_dir_all(&broken).unwrap();
+    std::fs::write(broken.join("ca.crt"), new.ca_cert.pem()).unwrap();
+    std::fs::write(broken.join("tls.crt"), "not a certificate").unwrap();
+    std::fs::write(broken.join("tls.key"), "").unwrap();
+    let tmp = agent_root.join("..data_tmp");
+    std::os::unix::fs::symlink("..gen3", &tmp).unwrap();
+    std::fs::rename(&tmp, agent_root.join("..data")).unwrap();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    operator.capabilities(agent.api).await.expect("previous certificates stay in force");
+    assert!(agent.log_text().contains("keeping the previous certificates"), "{}", agent.log_text());
+}

@@ -1,0 +1,442 @@
+//! Test support for the agent's tests: throwaway network namespaces with veths, certificates, and the agent
+//! binary run as a child process. Everything created is removed on drop, also when a test fails.
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use isthmus_agent_api::client::{AgentClient, ClientConfig, TlsFiles};
+
+static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+/// A unique, short name (interface names are limited to 15 bytes).
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}{}x{}", std::process::id() % 100_000, COUNTER.fetch_add(1, Ordering::SeqCst))
+}
+
+pub fn run(cmd: &str, args: &[&str]) -> String {
+    let out = Command::new(cmd).args(args).output().unwrap_or_else(|e| panic!("{cmd}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd} {}: {}{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+pub fn ip(args: &[&str]) -> String {
+    run("ip", args)
+}
+
+/// A temporary directory removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(prefix: &str) -> Self {
+        let path = std::env::temp_dir().join(unique(prefix));
+        std::fs::create_dir_all(&path).unwrap();
+        TempDir(path)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A named namespace (`ip netns add`), optionally also bind-mounted into a private directory so that an agent
+/// under test can be pointed at exactly the namespaces of its test.
+pub struct Ns {
+    pub name: String,
+    pinned: Option<PathBuf>,
+}
+
+impl Ns {
+    pub fn new(prefix: &str) -> Self {
+        let name = unique(prefix);
+        ip(&["netns", "add", &name]);
+        ip(&["-n", &name, "link", "set", "lo", "up"]);
+        Ns { name, pinned: None }
+    }
+
+    /// Also pins the namespace at `dir/<name>` (a bind mount of the nsfs file).
+    pub fn new_pinned(prefix: &str, dir: &Path) -> Self {
+        let mut ns = Self::new(prefix);
+        let target = dir.join(&ns.name);
+        std::fs::File::create(&target).unwrap();
+        run("mount", &["--bind", &format!("/run/netns/{}", ns.name), target.to_str().unwrap()]);
+        ns.pinned = Some(target);
+        ns
+    }
+
+    pub fn path(&self) -> PathBuf {
+        PathBuf::from(format!("/run/netns/{}", self.name))
+    }
+
+    pub fn inode(&self) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(self.path()).unwrap().ino()
+    }
+
+    /// Runs `f` on a thread inside the namespace.
+    pub fn run_in<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> std::thread::JoinHandle<T> {
+        let file = std::fs::File::open(self.path()).unwrap();
+        std::thread::spawn(move || {
+            nix::sched::setns(file.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            f()
+        })
+    }
+
+    pub fn tc(&self, args: &[&str]) -> String {
+        let mut all = vec!["netns", "exec", &self.name, "tc"];
+        all.extend_from_slice(args);
+        run("ip", &all)
+    }
+
+    /// `tc qdisc show dev <dev>` inside the namespace.
+    pub fn qdiscs(&self, dev: &str) -> String {
+        self.tc(&["qdisc", "show", "dev", dev])
+    }
+
+    pub fn classes(&self, dev: &str) -> String {
+        self.tc(&["class", "show", "dev", dev])
+    }
+}
+
+impl Drop for Ns {
+    fn drop(&mut self) {
+        if let Some(pinned) = &self.pinned {
+            let _ = Command::new("umount").arg(pinned).status();
+            let _ = std::fs::remove_file(pinned);
+        }
+        let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
+    }
+}
+
+/// A veth pair between two namespaces, `eth0`-like names inside: `a_dev` in `a` with `a_ip`, `b_dev` in `b`
+/// with `b_ip`, both /24 (or /64).
+pub fn veth(a: &Ns, a_dev: &str, a_ip: IpAddr, b: &Ns, b_dev: &str, b_ip: IpAddr) {
+    let tmp_a = unique("va");
+    let tmp_b = unique("vb");
+    ip(&["link", "add", &tmp_a, "netns", &a.name, "type", "veth", "peer", "name", &tmp_b, "netns", &b.name]);
+    ip(&["-n", &a.name, "link", "set", &tmp_a, "name", a_dev]);
+    ip(&["-n", &b.name, "link", "set", &tmp_b, "name", b_dev]);
+    for (ns, dev, addr) in [(a, a_dev, a_ip), (b, b_dev, b_ip)] {
+        let prefix = if addr.is_ipv4() { 24 } else { 64 };
+        ip(&["-n", &ns.name, "addr", "add", &format!("{addr}/{prefix}"), "dev", dev, "nodad"]);
+        ip(&["-n", &ns.name, "link", "set", dev, "up"]);
+    }
+}
+
+/// Adds another address to an interface inside a namespace.
+pub fn add_addr(ns: &Ns, dev: &str, addr: IpAddr) {
+    let prefix = if addr.is_ipv4() { 24 } else { 64 };
+    ip(&["-n", &ns.name, "addr", "add", &format!("{addr}/{prefix}"), "dev", dev, "nodad"]);
+}
+
+/// Measures TCP goodput from `from` to `to_ip:port` (a sink started in `to`), sending at most `max_bytes` for at
+/// most `max_time`. Returns bits per second.
+pub fn tcp_throughput(from: &Ns, to: &Ns, to_ip: IpAddr, max_bytes: usize, max_time: Duration) -> f64 {
+    let port = 5201 + (COUNTER.fetch_add(1, Ordering::SeqCst) % 1000) as u16;
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let sink = to.run_in(move || {
+        let listener = TcpListener::bind(SocketAddr::new(to_ip, port)).unwrap();
+        ready_tx.send(()).unwrap();
+        let (mut conn, _) = listener.accept().unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut buf = vec![0u8; 1 << 16];
+        let mut total = 0usize;
+        while let Ok(n) = conn.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            total += n;
+        }
+        total
+    });
+    ready_rx.recv_timeout(Duration::from_secs(5)).unwrap();
+    let source = from.run_in(move || {
+        let mut conn = TcpStream::connect_timeout(&SocketAddr::new(to_ip, port), Duration::from_secs(5)).unwrap();
+        conn.set_write_timeout(Some(Duration::from_millis(200))).unwrap();
+        let buf = vec![0x5au8; 1 << 14];
+        let start = Instant::now();
+        let mut sent = 0usize;
+        while sent < max_bytes && start.elapsed() < max_time {
+            match conn.write(&buf) {
+                Ok(n) => sent += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::TimedOut => {}
+                Err(e) => panic!("sending: {e}"),
+            }
+        }
+        let _ = conn.shutdown(std::net::Shutdown::Write);
+        let elapsed = start.elapsed();
+        (sent, elapsed)
+    });
+    let (sent, elapsed) = source.join().unwrap();
+    let received = sink.join().unwrap();
+    assert!(received <= sent);
+    // Bytes still queued at the sender when time was up count as not delivered within the window.
+    received as f64 * 8.0 / elapsed.as_secs_f64().max(1e-3)
+}
+
+/// A CA and certificates issued by it, written as mounted-Secret directories.
+pub struct Pki {
+    pub ca_cert: rcgen::Certificate,
+    pub ca_key: rcgen::KeyPair,
+}
+
+pub const OPERATOR: &str = "isthmus-operator.isthmus-system.serviceaccount.isthmus";
+pub const SERVER_NAME: &str = "isthmus-agent";
+
+impl Pki {
+    pub fn new(name: &str) -> Self {
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.distinguished_name.push(rcgen::DnType::CommonName, name);
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign, rcgen::KeyUsagePurpose::CrlSign];
+        let ca_cert = params.self_signed(&ca_key).unwrap();
+        Pki { ca_cert, ca_key }
+    }
+
+    /// A leaf certificate with one DNS SAN, for client or server use; returns (cert PEM, key PEM).
+    pub fn issue(&self, dns_name: &str, server: bool) -> (String, String) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(vec![dns_name.to_owned()]).unwrap();
+        params.distinguished_name.push(rcgen::DnType::CommonName, dns_name);
+        params.extended_key_usages =
+            vec![if server { rcgen::ExtendedKeyUsagePurpose::ServerAuth } else { rcgen::ExtendedKeyUsagePurpose::ClientAuth }];
+        let cert = params.signed_by(&key, &self.ca_cert, &self.ca_key).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+
+    /// Writes ca.crt (this CA, or `trust`'s), tls.crt and tls.key into `dir`.
+    pub fn write(&self, dir: &Path, trust: &Pki, leaf: &(String, String)) {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(dir.join("ca.crt"), trust.ca_cert.pem()).unwrap();
+        std::fs::write(dir.join("tls.crt"), &leaf.0).unwrap();
+        std::fs::write(dir.join("tls.key"), &leaf.1).unwrap();
+    }
+}
+
+/// Certificates for an agent and its callers: the agent trusts `operator_ca` for clients.
+pub struct TestCerts {
+    pub dir: TempDir,
+    pub ca: Pki,
+}
+
+impl TestCerts {
+    pub fn new() -> Self {
+        let dir = TempDir::new("isth-certs-");
+        let ca = Pki::new("isthmus test CA");
+        ca.write(&dir.0.join("agent"), &ca, &ca.issue(SERVER_NAME, true));
+        ca.write(&dir.0.join("operator"), &ca, &ca.issue(OPERATOR, false));
+        TestCerts { dir, ca }
+    }
+
+    pub fn agent_dir(&self) -> PathBuf {
+        self.dir.0.join("agent")
+    }
+
+    /// A client with the certificates in `dir` under the test directory.
+    pub fn client_from(&self, dir: &Path) -> AgentClient {
+        let mut config = ClientConfig::new(TlsFiles::in_dir(dir));
+        config.server_name = SERVER_NAME.to_owned();
+        config.request_timeout = Duration::from_secs(120);
+        AgentClient::new(config).unwrap()
+    }
+
+    pub fn operator(&self) -> AgentClient {
+        self.client_from(&self.dir.0.join("operator"))
+    }
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// The agent binary running as a child process on loopback.
+pub struct Agent {
+    pub child: Child,
+    pub api: SocketAddr,
+    pub health: SocketAddr,
+    pub log: PathBuf,
+}
+
+pub struct AgentOptions<'a> {
+    pub node: &'a str,
+    pub tls_dir: &'a Path,
+    /// Directory standing in for /proc (an empty one: discovery only through `netns_dir`).
+    pub proc: &'a Path,
+    pub netns_dir: &'a Path,
+    pub log_dir: &'a Path,
+    pub extra_env: Vec<(&'a str, String)>,
+}
+
+impl Agent {
+    pub fn start(options: &AgentOptions<'_>) -> Self {
+        Self::start_with_caps(options, None)
+    }
+
+    /// Starts the agent with only the capabilities `keep` (e.g. `cap_net_admin`) in its bounding set: every
+    /// other capability is dropped with capsh before the agent is executed.
+    pub fn start_with_caps(options: &AgentOptions<'_>, keep: Option<&[&str]>) -> Self {
+        let api = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let health = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let log = options.log_dir.join(unique("agent-log-"));
+        let log_file = std::fs::File::create(&log).unwrap();
+        let mut cmd = match keep {
+            None => Command::new(env!("CARGO_BIN_EXE_isthmus-agent")),
+            Some(keep) => {
+                let drop: Vec<String> = all_capabilities().into_iter().filter(|c| !keep.contains(&c.as_str())).collect();
+                let mut cmd = Command::new("capsh");
+                cmd.arg(format!("--drop={}", drop.join(",")))
+                    .args(["--", "-c", "exec \"$0\" \"$@\"", env!("CARGO_BIN_EXE_isthmus-agent")]);
+                cmd
+            }
+        };
+        cmd.arg("serve")
+            .arg("--node-name")
+            .arg(options.node)
+            .arg("--listen")
+            .arg(api.to_string())
+            .arg("--health-listen")
+            .arg(health.to_string())
+            .arg("--tls-dir")
+            .arg(options.tls_dir)
+            .arg("--tls-reload-seconds")
+            .arg("1")
+            .arg("--proc")
+            .arg(options.proc)
+            .arg("--netns-dirs")
+            .arg(options.netns_dir)
+            .arg("--log-format")
+            .arg("text")
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log_file);
+        for (k, v) in &options.extra_env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().unwrap();
+        let mut agent = Agent { child, api, health, log };
+        agent.wait_ready(Duration::from_secs(60));
+        agent
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn wait_ready(&mut self, timeout: Duration) {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                panic!("agent exited with {status}: {}", self.log_text());
+            }
+            if http_get(self.health, "/readyz").is_some_and(|(code, _)| code == 200) {
+                // The API listener is bound right before readiness is set.
+                return;
+            }
+            assert!(start.elapsed() < timeout, "agent not ready after {timeout:?}: {}", self.log_text());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Resident memory of the agent process in KiB (VmRSS) and its peak (VmHWM).
+    pub fn rss_kib(&self) -> (u64, u64) {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        let field = |name: &str| {
+            status
+                .lines()
+                .find(|l| l.starts_with(name))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        };
+        (field("VmRSS:"), field("VmHWM:"))
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
+/// A plain HTTP GET (health port): (status code, body).
+pub fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    let mut conn = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
+    conn.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
+    write!(conn, "GET {path} HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\r\n").ok()?;
+    let mut response = String::new();
+    conn.read_to_string(&mut response).ok()?;
+    let code = response.split_whitespace().nth(1)?.parse().ok()?;
+    let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    Some((code, body))
+}
+
+/// Many pod namespaces, each with `eth0` (one IP) on a veth whose other end sits in one hub namespace; all
+/// pinned in `dir` so that an agent can be pointed at exactly them. No traffic is sent through them.
+pub struct Fleet {
+    pub hub: Ns,
+    pub pods: Vec<Ns>,
+    pub ips: Vec<IpAddr>,
+}
+
+impl Fleet {
+    pub fn new(prefix: &str, count: usize, dir: &Path, base: [u8; 2]) -> Self {
+        let hub = Ns::new(&format!("{prefix}h-"));
+        let mut pods = Vec::new();
+        let mut ips = Vec::new();
+        for i in 0..count {
+            let ns = Ns::new_pinned(&format!("{prefix}p-"), dir);
+            let host_side = format!("h{i}");
+            ip(&["link", "add", &host_side, "netns", &hub.name, "type", "veth", "peer", "name", "eth0", "netns", &ns.name]);
+            let addr = IpAddr::from([base[0], base[1], (i / 200) as u8, (i % 200 + 10) as u8]);
+            ip(&["-n", &ns.name, "addr", "add", &format!("{addr}/16"), "dev", "eth0", "nodad"]);
+            ip(&["-n", &ns.name, "link", "set", "eth0", "up"]);
+            pods.push(ns);
+            ips.push(addr);
+        }
+        Fleet { hub, pods, ips }
+    }
+}
+
+/// Counts lines of `tc <object> show dev eth0` containing `needle`.
+pub fn count_tc(ns: &Ns, object: &str, needle: &str) -> usize {
+    ns.tc(&[object, "show", "dev", "eth0"]).lines().filter(|l| l.contains(needle)).count()
+}
+
+/// Every capability in this process's bounding set, by name.
+pub fn all_capabilities() -> Vec<String> {
+    let out = run("capsh", &["--print"]);
+    let line = out.lines().find(|l| l.starts_with("Bounding set =")).expect("capsh prints the bounding set");
+    line.trim_start_matches("Bounding set =").split(',').map(|c| c.trim().to_owned()).filter(|c| !c.is_empty()).collect()
+}
+
+/// Effective capabilities of a process (hex mask from /proc/<pid>/status).
+pub fn effective_caps(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let hex = status.lines().find(|l| l.starts_with("CapEff:")).unwrap().split_whitespace().nth(1).unwrap().to_owned();
+    u64::from_str_radix(&hex, 16).unwrap()
+}

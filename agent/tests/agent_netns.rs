@@ -1,0 +1,148 @@
+//! Finding pods' network namespaces among real namespaces on this machine (root required).
+
+mod agent_common;
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use agent_common::{Ns, add_addr, ip, unique, veth};
+use isthmus_agent::netns::{PodIdentity, ResolveError, Resolver, Sources};
+
+fn addr(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn pod(uid: &str, ips: &[&str]) -> PodIdentity {
+    PodIdentity { uid: uid.to_owned(), ips: ips.iter().map(|s| addr(s)).collect() }
+}
+
+/// A subnet third octet unlikely to clash with other tests running at the same time.
+fn octet() -> u8 {
+    (std::process::id() % 200 + 20) as u8
+}
+
+fn only_run_netns() -> Sources {
+    Sources { proc_root: PathBuf::from("/proc"), netns_dirs: vec![PathBuf::from("/run/netns")], cgroup_filter: None }
+}
+
+#[test]
+fn agent_netns_pod_is_found_by_all_its_ips_and_not_by_a_partial_match() {
+    let k = octet();
+    let pod_ns = Ns::new("isth-an-pod-");
+    let peer_ns = Ns::new("isth-an-peer-");
+    let other_ns = Ns::new("isth-an-oth-");
+    let other_peer = Ns::new("isth-an-op-");
+    let pod_v4 = format!("10.231.{k}.2");
+    let pod_v6 = format!("fd31:{k}::2");
+    veth(&pod_ns, "eth0", addr(&pod_v4), &peer_ns, "eth0", addr(&format!("10.231.{k}.1")));
+    add_addr(&pod_ns, "eth0", addr(&pod_v6));
+    // Another namespace holds the pod's IPv6 address but not its IPv4 one: never a match.
+    veth(&other_ns, "eth0", addr(&format!("10.232.{k}.2")), &other_peer, "eth0", addr(&format!("10.232.{k}.1")));
+    add_addr(&other_ns, "eth0", addr(&pod_v6));
+
+    let mut resolver = Resolver::new(only_run_netns()).unwrap();
+    let found = resolver.resolve(&[
+        pod("uid-a", &[&pod_v4, &pod_v6]),
+        pod("uid-partial", &[&format!("10.232.{k}.2"), &format!("10.231.{k}.1")]),
+        pod("uid-nowhere", &[&format!("10.233.{k}.9")]),
+        pod("uid-empty", &[]),
+    ]);
+    let ns = found["uid-a"].as_ref().expect("pod found");
+    assert_eq!(ns.id().inode, pod_ns.inode(), "the namespace holding both IPs");
+    assert!(matches!(found["uid-partial"], Err(ResolveError::NotFound(_))), "{:?}", found["uid-partial"]);
+    assert!(matches!(found["uid-nowhere"], Err(ResolveError::NotFound(_))), "{:?}", found["uid-nowhere"]);
+    assert_eq!(found["uid-empty"].as_ref().unwrap_err(), &ResolveError::NoIps);
+
+    // The IPv6 address alone is in two namespaces: refused rather than guessed.
+    let ambiguous = resolver.resolve(&[pod("uid-v6", &[&pod_v6])]);
+    assert!(matches!(ambiguous["uid-v6"], Err(ResolveError::Ambiguous { count: 2, .. })), "{:?}", ambiguous["uid-v6"]);
+}
+
+#[test]
+fn agent_netns_restarted_sandbox_with_the_same_ip_is_noticed() {
+    let k = octet();
+    let pod_ip = format!("10.234.{k}.2");
+    let peer_ip = addr(&format!("10.234.{k}.1"));
+    let mut resolver = Resolver::new(only_run_netns()).unwrap();
+    let first_inode;
+    {
+        let sandbox = Ns::new("isth-an-sb1-");
+        let peer = Ns::new("isth-an-sp1-");
+        veth(&sandbox, "eth0", addr(&pod_ip), &peer, "eth0", peer_ip);
+        let found = resolver.resolve(&[pod("uid-r", &[&pod_ip])]);
+        first_inode = found["uid-r"].as_ref().unwrap().id().inode;
+        assert_eq!(first_inode, sandbox.inode());
+        // Unchanged: the cached namespace is verified again and kept.
+        let again = resolver.resolve(&[pod("uid-r", &[&pod_ip])]);
+        assert_eq!(again["uid-r"].as_ref().unwrap().id().inode, first_inode);
+    } // the sandbox's namespace is deleted here (the resolver still holds it open)
+    let sandbox = Ns::new("isth-an-sb2-");
+    let peer = Ns::new("isth-an-sp2-");
+    veth(&sandbox, "eth0", addr(&pod_ip), &peer, "eth0", peer_ip);
+    let found = resolver.resolve(&[pod("uid-r", &[&pod_ip])]);
+    let ns = found["uid-r"].as_ref().expect("the new sandbox is found");
+    assert_eq!(ns.id().inode, sandbox.inode());
+    assert_ne!(ns.id().inode, first_inode);
+}
+
+#[test]
+fn agent_netns_found_through_a_process_without_any_pinned_path() {
+    let k = octet();
+    // A "container": a process in a fresh network namespace, not pinned anywhere.
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let sleeper = Kill(Command::new("unshare").args(["--net", "sleep", "60"]).stdout(Stdio::null()).spawn().unwrap());
+    let pid = sleeper.0.id().to_string();
+    // Wait for unshare to have switched namespace.
+    let own = std::fs::read_link("/proc/self/ns/net").unwrap();
+    for _ in 0..100 {
+        if std::fs::read_link(format!("/proc/{pid}/ns/net")).is_ok_and(|l| l != own) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let peer = Ns::new("isth-an-pp-");
+    let inside = unique("vi");
+    ip(&["link", "add", &inside, "netns", &pid, "type", "veth", "peer", "name", "eth0", "netns", &peer.name]);
+    let pod_ip = format!("10.235.{k}.2");
+    let run_in_pid = |args: &[&str]| {
+        let mut all = vec!["-t", pid.as_str(), "-n", "ip"];
+        all.extend_from_slice(args);
+        agent_common::run("nsenter", &all)
+    };
+    run_in_pid(&["addr", "add", &format!("{pod_ip}/24"), "dev", &inside]);
+    run_in_pid(&["link", "set", &inside, "up"]);
+
+    let sources = Sources { proc_root: PathBuf::from("/proc"), netns_dirs: vec![], cgroup_filter: None };
+    let mut resolver = Resolver::new(sources).unwrap();
+    let found = resolver.resolve(&[pod("uid-p", &[&pod_ip])]);
+    let ns = found["uid-p"].as_ref().expect("found through /proc/<pid>/ns/net");
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(ns.id().inode, std::fs::metadata(format!("/proc/{pid}/ns/net")).unwrap().ino());
+    drop(sleeper);
+}
+
+#[test]
+fn agent_netns_host_network_pod_is_refused() {
+    // An address of the agent's own namespace (this test's): the pod would be a host-network pod.
+    let k = octet();
+    let host = Ns::new("isth-an-h-");
+    let peer = Ns::new("isth-an-hp-");
+    veth(&host, "eth0", addr(&format!("10.236.{k}.2")), &peer, "eth0", addr(&format!("10.236.{k}.1")));
+    // The "agent" runs inside `host`: resolve from a thread in that namespace.
+    let pod_ip = format!("10.236.{k}.2");
+    let result = host
+        .run_in(move || {
+            let mut resolver = Resolver::new(only_run_netns()).unwrap();
+            resolver.resolve(&[pod("uid-h", &[&pod_ip])]).remove("uid-h").unwrap().map(|ns| ns.id().inode)
+        })
+        .join()
+        .unwrap();
+    assert!(matches!(result, Err(ResolveError::HostNetwork(_))), "{result:?}");
+}
