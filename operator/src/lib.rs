@@ -1,1 +1,16 @@
-//! isthmus operator: the NetworkLink API, the pure plan computation and the controller around it.
+//! isthmus operator: the NetworkLink API, the pure index and plan computation, and (later) the controller
+//! around them.
+//!
+//! - [`api`]: the `NetworkLink` custom resource, with its schema, presets and resolution into impairments;
+//! - [`units`]: the one parser of durations, percentages, rates and sizes;
+//! - [`index`]: an in-memory store of the Kubernetes objects that matter, fed by watch events;
+//! - [`plan`]: the pure, incremental computation of each node's plan and each link's status facts.
+
+pub mod api;
+pub mod controller;
+pub mod index;
+pub mod leader;
+pub mod metrics;
+pub mod plan;
+pub mod telemetry;
+pub mod units;

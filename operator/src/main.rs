@@ -1,1 +1,171 @@
-fn main() {}
+//! The isthmus operator: watches NetworkLinks and the pods they select, and keeps every node's agent on its
+//! node's plan.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Parser;
+use isthmus_agent_api::client::{AgentClient, ClientConfig, DEFAULT_AGENT_SERVER_NAME, TlsFiles};
+use isthmus_operator::controller::nodes::DispatchConfig;
+use isthmus_operator::controller::version::Backoff;
+use isthmus_operator::controller::watch::AgentSelector;
+use isthmus_operator::controller::{self, Config, Context};
+use isthmus_operator::leader::{Election, LeaderConfig};
+use isthmus_operator::metrics::Metrics;
+use isthmus_operator::telemetry::{self, HttpState, LogFormat};
+use kube::runtime::events::{Recorder, Reporter};
+
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// TCP port of the agents' API on each agent pod's IP.
+    #[arg(long, env = "ISTHMUS_AGENT_PORT", default_value_t = 9443)]
+    agent_port: u16,
+    /// Directory with the operator's client identity for the agents: `ca.crt`, `tls.crt`, `tls.key` (a mounted
+    /// `kubernetes.io/tls` Secret). The individual paths below override it.
+    #[arg(long, env = "ISTHMUS_AGENT_TLS_DIR", default_value = "/var/run/isthmus/agent-client")]
+    agent_tls_dir: PathBuf,
+    #[arg(long, env = "ISTHMUS_AGENT_CA")]
+    agent_ca: Option<PathBuf>,
+    #[arg(long, env = "ISTHMUS_AGENT_CERT")]
+    agent_cert: Option<PathBuf>,
+    #[arg(long, env = "ISTHMUS_AGENT_KEY")]
+    agent_key: Option<PathBuf>,
+    /// The DNS name every agent's serving certificate carries.
+    #[arg(long, env = "ISTHMUS_AGENT_SERVER_NAME", default_value = DEFAULT_AGENT_SERVER_NAME)]
+    agent_server_name: String,
+    /// Label selector of the agent pods.
+    #[arg(long, env = "ISTHMUS_AGENT_SELECTOR", default_value = "app.kubernetes.io/name=isthmus-agent")]
+    agent_selector: String,
+    /// Namespace of the agent pods (all namespaces when empty).
+    #[arg(long, env = "ISTHMUS_AGENT_NAMESPACE", default_value = "")]
+    agent_namespace: String,
+    /// Seconds between full plan resends to every agent.
+    #[arg(long, env = "ISTHMUS_RESYNC_SECONDS", default_value_t = 60)]
+    resync_seconds: u64,
+    /// Seconds a deleted NetworkLink waits for its nodes to confirm the cleanup before its finalizer goes anyway.
+    #[arg(long, env = "ISTHMUS_CLEANUP_TIMEOUT_SECONDS", default_value_t = 120)]
+    cleanup_timeout_seconds: u64,
+    /// Elect a leader among replicas (a single replica may turn it off).
+    #[arg(long, env = "ISTHMUS_LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set)]
+    leader_election: bool,
+    #[arg(long, env = "ISTHMUS_LEASE_NAME", default_value = "isthmus-operator")]
+    lease_name: String,
+    /// Namespace of the Lease; defaults to POD_NAMESPACE.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "isthmus-system")]
+    lease_namespace: String,
+    /// This replica's identity in the Lease; defaults to the pod name.
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+    /// Address of `/metrics`, `/healthz` and `/readyz`.
+    #[arg(long, env = "ISTHMUS_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    metrics_addr: SocketAddr,
+    #[arg(long, env = "ISTHMUS_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    telemetry::init_logging(args.log_format);
+
+    let files = TlsFiles {
+        ca: args.agent_ca.clone().unwrap_or_else(|| args.agent_tls_dir.join("ca.crt")),
+        cert: args.agent_cert.clone().unwrap_or_else(|| args.agent_tls_dir.join("tls.crt")),
+        key: args.agent_key.clone().unwrap_or_else(|| args.agent_tls_dir.join("tls.key")),
+    };
+    let mut client_config = ClientConfig::new(files);
+    client_config.server_name = args.agent_server_name.clone();
+    let agent_client = Arc::new(AgentClient::new(client_config).context("loading the agent client identity")?);
+
+    let client = kube::Client::try_default().await.context("connecting to the Kubernetes API")?;
+    let identity = args.identity.clone().unwrap_or_else(|| {
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|s| s.trim().to_owned())
+            .unwrap_or_else(|_| "isthmus-operator".into())
+    });
+    let metrics = Arc::new(Metrics::new());
+    let ready = Arc::new(AtomicBool::new(false));
+
+    let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
+    let (election, leader, _fixed) = if args.leader_election {
+        let config = LeaderConfig {
+            lease_name: args.lease_name.clone(),
+            lease_namespace: args.lease_namespace.clone(),
+            identity: identity.clone(),
+            duration_s: 15,
+            grace_s: 5,
+        };
+        let election = Election::start(client.clone(), &config).await.context("starting leader election")?;
+        let leader = election.is_leader.clone();
+        (Some(election), leader, None)
+    } else {
+        let (tx, rx) = Election::always_leader();
+        (None, rx, Some(tx))
+    };
+
+    let listener = tokio::net::TcpListener::bind(args.metrics_addr)
+        .await
+        .with_context(|| format!("binding --metrics-addr {}", args.metrics_addr))?;
+    let http = {
+        let mut rx = shutdown_rx.clone();
+        let state = HttpState { metrics: metrics.clone(), ready: ready.clone() };
+        tokio::spawn(telemetry::serve(listener, state, async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }))
+    };
+
+    let ctx = Context {
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter { controller: "isthmus-operator".into(), instance: Some(identity) },
+        ),
+        client,
+        metrics,
+        agent_client,
+        config: Config {
+            agent_port: args.agent_port,
+            agents: AgentSelector {
+                namespace: Some(args.agent_namespace.clone()).filter(|n| !n.is_empty()),
+                labels: args.agent_selector.clone(),
+            },
+            dispatch: DispatchConfig { resync: Duration::from_secs(args.resync_seconds), backoff: Backoff::default() },
+            cleanup_timeout: Duration::from_secs(args.cleanup_timeout_seconds),
+            field_manager: "isthmus-operator".into(),
+        },
+        leader: leader.clone(),
+        ready,
+    };
+    let controller = tokio::spawn(controller::run(ctx, shutdown_rx));
+
+    wait_for_signal().await?;
+    tracing::info!("shutting down");
+    let _ = shutdown_tx.send(true);
+    let _ = controller.await;
+    if let Some(election) = election {
+        // A dispatcher finishing a call still holds the leadership flag; do not outwait the pod's grace period.
+        if tokio::time::timeout(Duration::from_secs(10), election.release(vec![leader])).await.is_err() {
+            tracing::warn!("leader lease not released within 10 s; it expires on its own");
+        }
+    }
+    match http.await {
+        Ok(Err(e)) => tracing::warn!(error = %e, "metrics server"),
+        Err(e) => tracing::warn!(error = %e, "metrics server task"),
+        Ok(Ok(())) => {}
+    }
+    Ok(())
+}
+
+async fn wait_for_signal() -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    tokio::select! {
+        _ = term.recv() => {}
+        r = tokio::signal::ctrl_c() => r.context("waiting for SIGINT")?,
+    }
+    Ok(())
+}

@@ -1,0 +1,248 @@
+//! Plan computation at the scales of issue 5, printed as a table:
+//! `cargo bench -p isthmus-operator --bench plan`.
+//!
+//! - 1,000 pods × 100 links: 10 namespaces × 100 pods on 20 nodes; in each namespace 10 apps of 10 pods, each
+//!   with a Service, and 10 links `app-j → app-(j+1)`; dual-stack pods.
+//! - 200-pod full mesh: one link `{} → {}` in one namespace: 200 × 199 = 39,800 directed pairs.
+//! - one-pod update at 1,000 pods × 100 links: a destination pod changes its IP, then `recompute`.
+//! - memory: bytes held by the planner after the full computation and the allocation peak during it (a
+//!   counting allocator), and the process's peak RSS.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use isthmus_operator::api::{FromSpec, ImpairmentSpec, NetworkLink, NetworkLinkSpec, ServiceInclusion, ToSpec};
+use isthmus_operator::index::{Index, LinkInfo, ObjectKey, PodInfo, ServiceInfo};
+use isthmus_operator::plan::{Planner, compute};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
+
+struct Counting;
+
+static CURRENT: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            let now = CURRENT.fetch_add(layout.size(), Ordering::Relaxed) + layout.size();
+            PEAK.fetch_max(now, Ordering::Relaxed);
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) };
+        CURRENT.fetch_sub(layout.size(), Ordering::Relaxed);
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+fn labels(pairs: &[(&str, &str)]) -> std::collections::BTreeMap<String, String> {
+    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}
+
+fn selector(pairs: &[(&str, &str)]) -> LabelSelector {
+    LabelSelector { match_labels: Some(labels(pairs)), match_expressions: None }
+}
+
+fn pod(ns: &str, name: &str, app: &str, node: usize, n: u32) -> (ObjectKey, PodInfo) {
+    (
+        ObjectKey::new(ns, name),
+        PodInfo {
+            uid: format!("{ns}-{name}-uid"),
+            labels: labels(&[("app", app)]),
+            node: Some(format!("node-{node:02}")),
+            ips: vec![
+                format!("10.{}.{}.{}", n >> 16 & 255, n >> 8 & 255, n & 255).parse().unwrap(),
+                format!("fd00::{n:x}").parse().unwrap(),
+            ],
+            running: true,
+            terminating: false,
+            host_network: false,
+        },
+    )
+}
+
+fn link(ns: &str, name: &str, from: LabelSelector, to: LabelSelector) -> (ObjectKey, LinkInfo) {
+    let spec = NetworkLinkSpec {
+        from: FromSpec { pod_selector: from },
+        to: ToSpec { pod_selector: Some(to), namespace_selector: None, cidrs: vec![], services: ServiceInclusion::Matching },
+        impairment: Some(ImpairmentSpec {
+            latency: Some("40ms".into()),
+            jitter: Some("2ms".into()),
+            bandwidth: Some("100Mbit".into()),
+            ..Default::default()
+        }),
+        reverse: None,
+        symmetric: false,
+        one_way: false,
+        profile: None,
+        priority: 0,
+    };
+    let mut l = NetworkLink::new(name, spec);
+    l.metadata.namespace = Some(ns.into());
+    l.metadata.creation_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::from_second(1).unwrap()));
+    LinkInfo::from_link(&l)
+}
+
+fn thousand_pods_hundred_links() -> Index {
+    let mut index = Index::default();
+    let mut n = 0;
+    for ns_i in 0..10 {
+        let ns = format!("ns-{ns_i}");
+        index.namespaces.insert(ns.clone(), labels(&[("kubernetes.io/metadata.name", &ns)]));
+        for app_i in 0..10 {
+            let app = format!("app-{app_i}");
+            for pod_i in 0..10 {
+                n += 1;
+                let (k, v) = pod(&ns, &format!("{app}-{pod_i}"), &app, (n as usize) % 20, n);
+                index.pods.insert(k, v);
+            }
+            index.services.insert(
+                ObjectKey::new(&ns, &app),
+                ServiceInfo {
+                    selector: labels(&[("app", &app)]),
+                    cluster_ips: vec![format!("10.96.{ns_i}.{app_i}").parse().unwrap()],
+                },
+            );
+            let to = format!("app-{}", (app_i + 1) % 10);
+            let (k, v) = link(&ns, &format!("link-{app_i}"), selector(&[("app", &app)]), selector(&[("app", &to)]));
+            index.links.insert(k, v);
+        }
+    }
+    index
+}
+
+fn mesh(pods: u32) -> Index {
+    let mut index = Index::default();
+    for i in 0..pods {
+        let (k, mut v) = pod("mesh", &format!("peer-{i:03}"), "peer", (i as usize) % 10, i + 1);
+        v.ips.truncate(1);
+        index.pods.insert(k, v);
+    }
+    let (k, v) = link("mesh", "mesh", LabelSelector::default(), LabelSelector::default());
+    index.links.insert(k, v);
+    index
+}
+
+struct Row {
+    scenario: &'static str,
+    median: Duration,
+    max: Duration,
+    target: Duration,
+    detail: String,
+}
+
+fn median_of(mut samples: Vec<Duration>) -> (Duration, Duration) {
+    samples.sort();
+    (samples[samples.len() / 2], *samples.last().unwrap())
+}
+
+fn full(scenario: &'static str, index: &Index, runs: usize, target: Duration) -> Row {
+    let mut samples = Vec::with_capacity(runs);
+    let mut pairs = 0;
+    for _ in 0..runs {
+        let input = index.clone();
+        let start = Instant::now();
+        let planner = compute(input);
+        samples.push(start.elapsed());
+        pairs = planner.node_plans().map(|p| p.pods.iter().map(|p| p.destinations.len()).sum::<usize>()).sum();
+    }
+    let (median, max) = median_of(samples);
+    Row { scenario, median, max, target, detail: format!("{pairs} pairs, {runs} runs") }
+}
+
+fn one_pod_update(index: &Index, runs: usize) -> Row {
+    let mut planner = compute(index.clone());
+    let key = ObjectKey::new("ns-3", "app-4-7");
+    let original = planner.index().pods[&key].clone();
+    let mut moved = original.clone();
+    moved.ips = vec!["10.200.0.1".parse().unwrap(), "fd00::ffff".parse().unwrap()];
+    let mut samples = Vec::with_capacity(runs);
+    let mut nodes = 0;
+    for i in 0..runs {
+        let next = if i % 2 == 0 { moved.clone() } else { original.clone() };
+        let start = Instant::now();
+        planner.upsert_pod(key.clone(), next);
+        let changes = planner.recompute();
+        samples.push(start.elapsed());
+        nodes = changes.nodes.len();
+    }
+    let (median, max) = median_of(samples);
+    Row {
+        scenario: "one-pod update (1,000 pods × 100 links)",
+        median,
+        max,
+        target: Duration::from_millis(1),
+        detail: format!("destination pod IP change; {nodes} node plans changed; {runs} runs"),
+    }
+}
+
+fn peak_rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn mib(bytes: usize) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0)
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; `cargo test --benches` passes nothing else: run a single quick pass then.
+    let quick = !std::env::args().any(|a| a == "--bench");
+    let runs = if quick { 1 } else { 31 };
+
+    let big = thousand_pods_hundred_links();
+    let mesh = mesh(200);
+    let rows = [
+        full("full plan, 1,000 pods × 100 links", &big, runs, Duration::from_millis(20)),
+        full("full plan, 200-pod full mesh", &mesh, runs, Duration::from_millis(200)),
+        one_pod_update(&big, if quick { 2 } else { 1001 }),
+    ];
+
+    // Memory: what the planner keeps, and the allocation peak while computing, for the 1,000 × 100 world.
+    let before = CURRENT.load(Ordering::Relaxed);
+    PEAK.store(before, Ordering::Relaxed);
+    let planner: Planner = compute(big.clone());
+    let held = CURRENT.load(Ordering::Relaxed) - before;
+    let peak = PEAK.load(Ordering::Relaxed) - before;
+    drop(planner);
+    let before = CURRENT.load(Ordering::Relaxed);
+    PEAK.store(before, Ordering::Relaxed);
+    let mesh_planner = compute(mesh.clone());
+    let mesh_held = CURRENT.load(Ordering::Relaxed) - before;
+    let mesh_peak = PEAK.load(Ordering::Relaxed) - before;
+    drop(mesh_planner);
+
+    println!("| scenario | median | max | target | notes |");
+    println!("|---|---|---|---|---|");
+    for r in &rows {
+        let ok = if r.median <= r.target { "" } else { " **over target**" };
+        println!(
+            "| {} | {:.3} ms | {:.3} ms | ≤ {} ms{ok} | {} |",
+            r.scenario,
+            r.median.as_secs_f64() * 1e3,
+            r.max.as_secs_f64() * 1e3,
+            r.target.as_millis(),
+            r.detail
+        );
+    }
+    println!(
+        "| memory, 1,000 pods × 100 links | {:.1} MiB held | {:.1} MiB peak alloc | ≤ 100 MiB | planner with index, resolutions and node plans |",
+        mib(held),
+        mib(peak)
+    );
+    println!(
+        "| memory, 200-pod mesh | {:.1} MiB held | {:.1} MiB peak alloc | ≤ 100 MiB | |",
+        mib(mesh_held),
+        mib(mesh_peak)
+    );
+    if let Some(kib) = peak_rss_kib() {
+        println!("| process peak RSS (whole benchmark) | {:.1} MiB | | ≤ 100 MiB | VmHWM |", kib as f64 / 1024.0);
+    }
+}

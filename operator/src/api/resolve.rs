@@ -1,0 +1,495 @@
+//! From what the user wrote to validated [`Impairment`]s: profile defaults, explicit overrides, unit parsing
+//! and the cross-field rules. The CRD's CEL rules say the same; this is the authority the operator acts on, so
+//! an object that slipped past an older schema is still refused with the field named.
+
+use std::time::Duration;
+
+use isthmus_agent_api::{Correlated, Impairment, ImpairmentError, Loss, Percent, Reorder};
+
+use super::profile::{PresetDirection, Profile};
+use super::quantity::{MAX_BURST_BYTES, MIN_BURST_BYTES};
+use super::spec::{CorrelatedSpec, ImpairmentSpec, LossSpec, NetworkLinkSpec, ReorderSpec};
+use crate::units::UnitError;
+
+/// Why a NetworkLink cannot be acted on; `field` is the JSON path below the object (e.g.
+/// `spec.impairment.latency`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct SpecError {
+    pub field: String,
+    pub message: String,
+}
+
+impl SpecError {
+    fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self { field: field.into(), message: message.into() }
+    }
+}
+
+/// Both directions, validated. `reverse` is `None` when only `from → to` is impaired.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ResolvedImpairments {
+    pub forward: Impairment,
+    pub reverse: Option<Impairment>,
+}
+
+impl NetworkLinkSpec {
+    /// True when the link shapes `to → from` as well (explicit reverse, symmetric, or a profile's downlink).
+    pub fn has_reverse(&self) -> bool {
+        self.reverse.is_some() || self.symmetric || (self.profile.is_some() && !self.one_way)
+    }
+
+    /// Checks the cross-field rules and computes both directions' impairments.
+    pub fn resolve(&self) -> Result<ResolvedImpairments, SpecError> {
+        self.check_shape()?;
+        let uplink = self.profile.map(Profile::uplink);
+        let downlink = self.profile.map(Profile::downlink);
+        let forward = direction(self.impairment.as_ref(), uplink, "spec.impairment")?;
+        let reverse = if !self.has_reverse() {
+            None
+        } else if self.symmetric {
+            Some(forward.clone())
+        } else {
+            Some(direction(self.reverse.as_ref(), downlink, "spec.reverse")?)
+        };
+        Ok(ResolvedImpairments { forward, reverse })
+    }
+
+    fn check_shape(&self) -> Result<(), SpecError> {
+        if self.impairment.is_none() && self.profile.is_none() {
+            return Err(SpecError::new("spec.impairment", "set impairment, a profile, or both"));
+        }
+        if self.symmetric && self.reverse.is_some() {
+            return Err(SpecError::new("spec.symmetric", "reverse and symmetric exclude each other"));
+        }
+        if self.symmetric && self.profile.is_some() {
+            return Err(SpecError::new(
+                "spec.symmetric",
+                "a profile already sets the reverse direction (its downlink); override it with reverse",
+            ));
+        }
+        if self.one_way && (self.reverse.is_some() || self.symmetric) {
+            return Err(SpecError::new("spec.oneWay", "oneWay excludes reverse and symmetric"));
+        }
+        if self.to.pod_selector.is_none() && self.to.cidrs.is_empty() {
+            return Err(SpecError::new("spec.to", "to needs a podSelector, cidrs, or both"));
+        }
+        if self.to.namespace_selector.is_some() && self.to.pod_selector.is_none() {
+            return Err(SpecError::new("spec.to.namespaceSelector", "namespaceSelector needs a podSelector"));
+        }
+        if self.has_reverse() && self.to.namespace_selector.is_some() {
+            return Err(SpecError::new(
+                "spec.to.namespaceSelector",
+                "the reverse direction (reverse, symmetric, or a profile's downlink) changes the egress of the to \
+                 pods, which a NetworkLink may do only in its own namespace: remove to.namespaceSelector, set \
+                 oneWay: true, or create a second NetworkLink in the other namespace",
+            ));
+        }
+        if self.has_reverse() && self.to.pod_selector.is_none() {
+            return Err(SpecError::new(
+                "spec.to.podSelector",
+                "the reverse direction shapes the egress of the to pods, but to has no podSelector",
+            ));
+        }
+        for (i, cidr) in self.to.cidrs.iter().enumerate() {
+            cidr.parse().map_err(|e| unit_error(&format!("spec.to.cidrs[{i}]"), e))?;
+        }
+        Ok(())
+    }
+}
+
+fn unit_error(field: &str, e: UnitError) -> SpecError {
+    SpecError::new(field, e.to_string())
+}
+
+fn impairment_error(prefix: &str, e: ImpairmentError) -> SpecError {
+    SpecError::new(format!("{prefix}.{}", e.field), e.reason)
+}
+
+fn percent(field: &str, value: &super::quantity::PercentValue) -> Result<Percent, SpecError> {
+    let v = value.parse().map_err(|e| unit_error(field, e))?;
+    Percent::new("percent", v).map_err(|e| SpecError::new(field, e.reason))
+}
+
+fn opt_percent(field: &str, value: Option<&super::quantity::PercentValue>) -> Result<Percent, SpecError> {
+    value.map_or(Ok(Percent::ZERO), |v| percent(field, v))
+}
+
+/// One direction: the preset's values, overridden field by field by the explicit spec, then validated.
+fn direction(
+    spec: Option<&ImpairmentSpec>,
+    preset: Option<PresetDirection>,
+    prefix: &str,
+) -> Result<Impairment, SpecError> {
+    let mut out = preset.map(PresetDirection::impairment).unwrap_or_default();
+    let Some(spec) = spec else {
+        out.validate().map_err(|e| impairment_error(prefix, e))?;
+        return Ok(out);
+    };
+    let f = |name: &str| format!("{prefix}.{name}");
+    if let Some(v) = &spec.latency {
+        out.latency = Some(v.parse().map_err(|e| unit_error(&f("latency"), e))?);
+    }
+    if let Some(v) = &spec.jitter {
+        out.jitter = Some(v.parse().map_err(|e| unit_error(&f("jitter"), e))?);
+    }
+    if let Some(v) = &spec.jitter_correlation {
+        out.jitter_correlation = Some(percent(&f("jitterCorrelation"), v)?);
+    }
+    if let Some(loss) = &spec.loss {
+        out.loss = Some(loss_of(loss, &f("loss"))?);
+    }
+    if let Some(d) = &spec.duplicate {
+        out.duplicate = Some(correlated(d, &f("duplicate"))?);
+    }
+    if let Some(c) = &spec.corrupt {
+        out.corrupt = Some(correlated(c, &f("corrupt"))?);
+    }
+    if let Some(r) = &spec.reorder {
+        out.reorder = Some(reorder(r, &f("reorder"))?);
+    }
+    if let Some(v) = &spec.bandwidth {
+        out.rate_bps = Some(v.parse().map_err(|e| unit_error(&f("bandwidth"), e))?);
+    }
+    if let Some(v) = &spec.burst {
+        let bytes = v.parse().map_err(|e| unit_error(&f("burst"), e))?;
+        if !(MIN_BURST_BYTES..=MAX_BURST_BYTES).contains(&bytes) {
+            return Err(SpecError::new(
+                f("burst"),
+                format!("{bytes} bytes is outside {MIN_BURST_BYTES}B (one full-size packet) to {MAX_BURST_BYTES}B"),
+            ));
+        }
+        out.burst_bytes = Some(bytes as u32);
+    }
+    if let Some(q) = spec.queue_limit {
+        out.queue_limit_packets = Some(q);
+    }
+    out.validate().map_err(|e| impairment_error(prefix, rename_field(e)))?;
+    Ok(out)
+}
+
+/// The agent API names two fields after its own representation; report them as the user wrote them.
+fn rename_field(mut e: ImpairmentError) -> ImpairmentError {
+    e.field = match e.field {
+        "rate" => "bandwidth",
+        other => other,
+    };
+    e
+}
+
+fn correlated(spec: &CorrelatedSpec, field: &str) -> Result<Correlated, SpecError> {
+    Ok(Correlated {
+        percent: percent(&format!("{field}.percent"), &spec.percent)?,
+        correlation: opt_percent(&format!("{field}.correlation"), spec.correlation.as_ref())?,
+    })
+}
+
+fn reorder(spec: &ReorderSpec, field: &str) -> Result<Reorder, SpecError> {
+    if spec.gap == Some(0) {
+        return Err(SpecError::new(format!("{field}.gap"), "a gap is at least 1 (every packet); leave it out for no gap"));
+    }
+    Ok(Reorder {
+        percent: percent(&format!("{field}.percent"), &spec.percent)?,
+        correlation: opt_percent(&format!("{field}.correlation"), spec.correlation.as_ref())?,
+        gap: spec.gap.unwrap_or(0),
+    })
+}
+
+fn loss_of(spec: &LossSpec, field: &str) -> Result<Loss, SpecError> {
+    match (&spec.percent, &spec.gilbert_elliott) {
+        (Some(p), None) => Ok(Loss::Random(Correlated {
+            percent: percent(&format!("{field}.percent"), p)?,
+            correlation: opt_percent(&format!("{field}.correlation"), spec.correlation.as_ref())?,
+        })),
+        (None, Some(ge)) => {
+            if spec.correlation.is_some() {
+                return Err(SpecError::new(
+                    format!("{field}.correlation"),
+                    "correlation applies to random loss (percent)",
+                ));
+            }
+            let ge_field = format!("{field}.gilbertElliott");
+            Ok(Loss::GilbertElliott {
+                p: percent(&format!("{ge_field}.p"), &ge.p)?,
+                r: percent(&format!("{ge_field}.r"), &ge.r)?,
+                loss_in_bad: match &ge.loss_in_bad {
+                    Some(v) => percent(&format!("{ge_field}.lossInBad"), v)?,
+                    None => Percent::HUNDRED,
+                },
+                loss_in_good: opt_percent(&format!("{ge_field}.lossInGood"), ge.loss_in_good.as_ref())?,
+            })
+        }
+        _ => Err(SpecError::new(field, "set either percent (random loss) or gilbertElliott (bursty loss)")),
+    }
+}
+
+/// Human summaries of what is in force, for the status and `kubectl get`.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Summary {
+    pub latency: String,
+    pub loss: String,
+    pub bandwidth: String,
+    pub expected_round_trip: String,
+}
+
+impl ResolvedImpairments {
+    pub fn summary(&self) -> Summary {
+        let both = |f: &dyn Fn(&Impairment) -> String| match &self.reverse {
+            Some(r) => format!("{}/{}", f(&self.forward), f(r)),
+            None => f(&self.forward),
+        };
+        let zero = Duration::ZERO;
+        let fwd_latency = self.forward.latency.unwrap_or(zero);
+        let rev_latency = self.reverse.as_ref().and_then(|r| r.latency).unwrap_or(zero);
+        let fwd_jitter = self.forward.jitter.unwrap_or(zero);
+        let rev_jitter = self.reverse.as_ref().and_then(|r| r.jitter).unwrap_or(zero);
+        let jitter = fwd_jitter + rev_jitter;
+        let mut rtt = format_duration(fwd_latency + rev_latency);
+        if !jitter.is_zero() {
+            rtt = format!("{rtt} ± {}", format_duration(jitter));
+        }
+        if self.reverse.is_none() {
+            rtt.push_str(" (return path not impaired)");
+        }
+        Summary {
+            latency: both(&|i| {
+                let base = format_duration(i.latency.unwrap_or(zero));
+                match i.jitter {
+                    Some(j) if !j.is_zero() => format!("{base}±{}", format_duration(j)),
+                    _ => base,
+                }
+            }),
+            loss: both(&|i| match &i.loss {
+                None => "0%".into(),
+                Some(Loss::Random(c)) => format!("{}%", c.percent.value()),
+                Some(Loss::GilbertElliott { .. }) => "GE".into(),
+            }),
+            bandwidth: both(&|i| i.rate_bps.map_or_else(|| "-".into(), format_rate)),
+            expected_round_trip: rtt,
+        }
+    }
+}
+
+/// `120ms`, `1.5s`, `500us`, `0`: the same vocabulary the user writes.
+pub fn format_duration(d: Duration) -> String {
+    let ns = d.as_nanos();
+    if ns == 0 {
+        return "0".into();
+    }
+    let (unit, per) = if ns >= 1_000_000_000 {
+        ("s", 1e9)
+    } else if ns >= 1_000_000 {
+        ("ms", 1e6)
+    } else if ns >= 1_000 {
+        ("us", 1e3)
+    } else {
+        ("ns", 1.0)
+    };
+    format!("{}{unit}", trim(ns as f64 / per))
+}
+
+pub fn format_rate(bps: u64) -> String {
+    let (unit, per) = if bps >= 1_000_000_000 {
+        ("Gbit", 1e9)
+    } else if bps >= 1_000_000 {
+        ("Mbit", 1e6)
+    } else if bps >= 1_000 {
+        ("kbit", 1e3)
+    } else {
+        ("bit", 1.0)
+    };
+    format!("{}{unit}", trim(bps as f64 / per))
+}
+
+fn trim(v: f64) -> String {
+    let s = format!("{v:.3}");
+    s.trim_end_matches('0').trim_end_matches('.').to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(yaml: &str) -> NetworkLinkSpec {
+        serde_yaml::from_str(yaml).unwrap()
+    }
+
+    #[test]
+    fn profile_with_overrides_and_reverse() {
+        let s = spec(
+            "from: {podSelector: {matchLabels: {app: phone}}}\n\
+             to: {podSelector: {matchLabels: {app: api}}}\n\
+             profile: lte\n\
+             impairment: {latency: 80ms, loss: {percent: 1%}}\n\
+             reverse: {bandwidth: 20Mbit}\n",
+        );
+        let r = s.resolve().unwrap();
+        assert_eq!(r.forward.latency, Some(Duration::from_millis(80)));
+        assert_eq!(r.forward.rate_bps, Some(10_000_000), "uplink bandwidth from the profile");
+        let rev = r.reverse.as_ref().unwrap();
+        assert_eq!(rev.latency, Some(Duration::from_millis(50)), "downlink latency from the profile");
+        assert_eq!(rev.rate_bps, Some(20_000_000), "explicit reverse overrides the downlink");
+        let sum = r.summary();
+        assert_eq!(sum.latency, "80ms/50ms");
+        assert_eq!(sum.bandwidth, "10Mbit/20Mbit");
+        assert_eq!(sum.loss, "1%/0%");
+        assert_eq!(sum.expected_round_trip, "130ms");
+    }
+
+    #[test]
+    fn symmetric_copies_and_one_way_drops_the_downlink() {
+        let s = spec("from: {podSelector: {}}\nto: {podSelector: {}}\nimpairment: {latency: 10ms, jitter: 2ms}\nsymmetric: true\n");
+        let r = s.resolve().unwrap();
+        assert_eq!(r.reverse.as_ref(), Some(&r.forward));
+        assert_eq!(r.summary().expected_round_trip, "20ms ± 4ms");
+        let s = spec("from: {podSelector: {}}\nto: {podSelector: {}, namespaceSelector: {}}\nprofile: dsl\noneWay: true\n");
+        let r = s.resolve().unwrap();
+        assert!(r.reverse.is_none());
+        assert_eq!(r.summary().expected_round_trip, "10ms (return path not impaired)");
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let cases = [
+            ("from: {podSelector: {}}\nto: {podSelector: {}}\n", "spec.impairment"),
+            (
+                "from: {podSelector: {}}\nto: {podSelector: {}, namespaceSelector: {}}\nimpairment: {}\nsymmetric: true\n",
+                "spec.to.namespaceSelector",
+            ),
+            (
+                "from: {podSelector: {}}\nto: {podSelector: {}, namespaceSelector: {}}\nprofile: lte\n",
+                "spec.to.namespaceSelector",
+            ),
+            ("from: {podSelector: {}}\nto: {podSelector: {}}\nimpairment: {}\nreverse: {}\nsymmetric: true\n", "spec.symmetric"),
+            ("from: {podSelector: {}}\nto: {podSelector: {}}\nprofile: lte\nsymmetric: true\n", "spec.symmetric"),
+            ("from: {podSelector: {}}\nto: {cidrs: [10.0.0.0/8]}\nimpairment: {}\nsymmetric: true\n", "spec.to.podSelector"),
+            ("from: {podSelector: {}}\nto: {cidrs: [10.0.0.1/8]}\nimpairment: {}\n", "spec.to.cidrs[0]"),
+            ("from: {podSelector: {}}\nto: {podSelector: {}}\nimpairment: {latency: 10mbps}\n", "spec.impairment.latency"),
+            ("from: {podSelector: {}}\nto: {podSelector: {}}\nimpairment: {bandwidth: 100mbps}\n", "spec.impairment.bandwidth"),
+            ("from: {podSelector: {}}\nto: {podSelector: {}}\nimpairment: {bandwidth: 1bit}\n", "spec.impairment.bandwidth"),
+            ("from: {podSelector: {}}\nto: {podSelector: {}}\nimpairment: {jitter: 5ms}\n", "spec.impairment.jitter"),
+            ("from: {podSelector: {}}\nto: {podSelector: {}}\nimpairment: {burst: 32KiB}\n", "spec.impairment.burst"),
+            ("from: {podSelector: {}}\nto: {podSelector: {}}\nimpairment: {bandwidth: 1Mbit, burst: 1KiB}\n", "spec.impairment.burst"),
+            ("from: {podSelector: {}}\nto: {podSelector: {}}\nimpairment: {queueLimit: 0}\n", "spec.impairment.queueLimit"),
+            ("from: {podSelector: {}}\nto: {podSelector: {}}\nimpairment: {loss: {}}\n", "spec.impairment.loss"),
+            (
+                "from: {podSelector: {}}\nto: {podSelector: {}}\nimpairment: {loss: {percent: 101%}}\n",
+                "spec.impairment.loss.percent",
+            ),
+            (
+                "from: {podSelector: {}}\nto: {podSelector: {}}\nimpairment: {latency: 1ms, reorder: {percent: 0%, gap: 3}}\n",
+                "spec.impairment.reorder.gap",
+            ),
+            (
+                "from: {podSelector: {}}\nto: {podSelector: {}}\nimpairment: {latency: 1ms, reorder: {percent: 5%, gap: 0}}\n",
+                "spec.impairment.reorder.gap",
+            ),
+            (
+                "from: {podSelector: {}}\nto: {podSelector: {}}\nimpairment: {}\nreverse: {latency: 2h}\n",
+                "spec.reverse.latency",
+            ),
+        ];
+        for (yaml, field) in cases {
+            let e = spec(yaml).resolve().unwrap_err();
+            assert_eq!(e.field, field, "{yaml}: {e}");
+        }
+    }
+
+    #[test]
+    fn gilbert_elliott_defaults() {
+        let s = spec("from: {podSelector: {}}\nto: {podSelector: {}}\nimpairment: {loss: {gilbertElliott: {p: 1%, r: 20%}}}\n");
+        let r = s.resolve().unwrap();
+        assert_eq!(
+            r.forward.loss,
+            Some(Loss::GilbertElliott {
+                p: Percent::new("p", 1.0).unwrap(),
+                r: Percent::new("r", 20.0).unwrap(),
+                loss_in_bad: Percent::HUNDRED,
+                loss_in_good: Percent::ZERO,
+            })
+        );
+    }
+
+    #[test]
+    fn formats() {
+        assert_eq!(format_duration(Duration::from_micros(1500)), "1.5ms");
+        assert_eq!(format_duration(Duration::from_secs(2)), "2s");
+        assert_eq!(format_rate(1_500_000_000), "1.5Gbit");
+        assert_eq!(format_rate(64_000), "64kbit");
+    }
+}
+
+/// Random specs built from unit-like strings: resolving never panics, and what resolves is valid for the agent.
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+
+    use super::super::quantity::PercentValue;
+    use super::super::spec::*;
+
+    fn text() -> impl Strategy<Value = String> {
+        prop::string::string_regex(r"(0|[0-9]{1,4}(\.[0-9]{1,3})?)(ns|us|ms|s|%|bit|kbit|Mbit|Gbit|mbps|B|KiB|MiB|)").unwrap()
+    }
+
+    fn impairment() -> impl Strategy<Value = ImpairmentSpec> {
+        (
+            prop::collection::vec(prop::option::of(text()), 10),
+            prop::option::of(0..3u32),
+            prop::option::of(0..4u32),
+            any::<bool>(),
+        )
+            .prop_map(|(t, queue, gap, ge)| {
+                macro_rules! q {
+                    ($i:expr) => {
+                        t[$i].as_deref().map(Into::into)
+                    };
+                }
+                ImpairmentSpec {
+                    latency: q!(0),
+                    jitter: q!(1),
+                    jitter_correlation: q!(2),
+                    loss: q!(3).map(|p: PercentValue| LossSpec {
+                        percent: (!ge).then_some(p.clone()),
+                        correlation: q!(4),
+                        gilbert_elliott: ge.then(|| GilbertElliottSpec { p: p.clone(), r: p, loss_in_bad: q!(5), loss_in_good: None }),
+                    }),
+                    duplicate: q!(5).map(|p: PercentValue| CorrelatedSpec { percent: p, correlation: q!(6) }),
+                    corrupt: None,
+                    reorder: q!(7).map(|p: PercentValue| ReorderSpec { percent: p, correlation: None, gap }),
+                    bandwidth: q!(8),
+                    burst: q!(9),
+                    queue_limit: queue,
+                }
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        #[test]
+        fn resolving_never_panics_and_yields_valid_impairments(
+            forward in prop::option::of(impairment()),
+            reverse in prop::option::of(impairment()),
+            profile in prop::option::of(prop::sample::select(super::super::Profile::ALL.to_vec())),
+            symmetric in any::<bool>(),
+            one_way in any::<bool>(),
+        ) {
+            let spec = NetworkLinkSpec {
+                from: FromSpec { pod_selector: Default::default() },
+                to: ToSpec { pod_selector: Some(Default::default()), namespace_selector: None, cidrs: vec![], services: ServiceInclusion::Matching },
+                impairment: forward,
+                reverse,
+                symmetric,
+                one_way,
+                profile,
+                priority: 0,
+            };
+            if let Ok(r) = spec.resolve() {
+                prop_assert!(r.forward.validate().is_ok());
+                prop_assert!(r.reverse.as_ref().is_none_or(|r| r.validate().is_ok()));
+                prop_assert_eq!(r.reverse.is_some(), spec.has_reverse());
+                let _ = r.summary();
+            }
+        }
+    }
+}

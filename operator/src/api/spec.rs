@@ -1,0 +1,366 @@
+//! The `NetworkLink` custom resource (`isthmus.dev/v1alpha1`). Doc comments here become `kubectl explain`.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::profile::Profile;
+use super::quantity::{BurstValue, CidrValue, DurationValue, PercentValue, RateValue};
+
+/// The reverse direction is in force (CEL): explicit `reverse`, `symmetric`, or a profile's downlink.
+macro_rules! cel_reverse_in_force {
+    () => {
+        "(has(self.reverse) || (has(self.symmetric) && self.symmetric) || (has(self.profile) && !(has(self.oneWay) && self.oneWay)))"
+    };
+}
+
+/// How the network behaves between two groups of pods: `from` pods sending to `to` destinations get
+/// `impairment` (one way); the other direction gets `reverse`, the same impairment (`symmetric`), or a
+/// profile's downlink. Latency is one way: a request and its answer see the forward plus the reverse latency
+/// (see `status.expectedRoundTrip`).
+///
+/// A NetworkLink changes only the egress of pods in its own namespace: the `from` pods, and for the reverse
+/// direction the `to` pods, which must then be in the link's namespace too.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "isthmus.dev",
+    version = "v1alpha1",
+    kind = "NetworkLink",
+    plural = "networklinks",
+    singular = "networklink",
+    namespaced,
+    shortname = "nl",
+    shortname = "nlink",
+    category = "isthmus",
+    status = "NetworkLinkStatus",
+    derive = "PartialEq",
+    printcolumn(name = "From", type_ = "string", json_path = ".status.from"),
+    printcolumn(name = "To", type_ = "string", json_path = ".status.to"),
+    printcolumn(name = "Latency", type_ = "string", json_path = ".status.latency"),
+    printcolumn(name = "Loss", type_ = "string", json_path = ".status.loss"),
+    printcolumn(name = "Bandwidth", type_ = "string", json_path = ".status.bandwidth"),
+    printcolumn(name = "Pairs", type_ = "integer", json_path = ".status.pairs"),
+    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[x_kube(validation = Rule::new("has(self.impairment) || has(self.profile)")
+    .message("set impairment, a profile, or both")
+    .field_path(".impairment"))]
+#[x_kube(validation = Rule::new("!(has(self.reverse) && has(self.symmetric) && self.symmetric)")
+    .message("reverse and symmetric exclude each other: symmetric copies impairment to the reverse direction, reverse sets it explicitly")
+    .field_path(".symmetric"))]
+#[x_kube(validation = Rule::new("!(has(self.profile) && has(self.symmetric) && self.symmetric)")
+    .message("a profile already sets the reverse direction (its downlink); override it with reverse instead of symmetric")
+    .field_path(".symmetric"))]
+#[x_kube(validation = Rule::new("!(has(self.oneWay) && self.oneWay && (has(self.reverse) || (has(self.symmetric) && self.symmetric)))")
+    .message("oneWay excludes reverse and symmetric")
+    .field_path(".oneWay"))]
+#[x_kube(validation = Rule::new(concat!("!has(self.to.namespaceSelector) || !", cel_reverse_in_force!()))
+    .message("the reverse direction (reverse, symmetric, or a profile's downlink) changes the egress of the to pods, which a NetworkLink may do only in its own namespace: remove to.namespaceSelector, set oneWay: true, or create a second NetworkLink in the other namespace")
+    .field_path(".to.namespaceSelector"))]
+#[x_kube(validation = Rule::new(concat!("has(self.to.podSelector) || !", cel_reverse_in_force!()))
+    .message("the reverse direction (reverse, symmetric, or a profile's downlink) shapes the egress of the to pods, but to has no podSelector: set oneWay: true or select pods")
+    .field_path(".to.podSelector"))]
+#[x_kube(validation = Rule::new("!has(self.impairment) || !has(self.impairment.jitter) || duration(self.impairment.jitter) == duration('0s') || (has(self.impairment.latency) ? duration(self.impairment.latency) > duration('0s') : has(self.profile))")
+    .message("jitter varies the latency, so it needs a latency above 0 (or a profile)")
+    .field_path(".impairment.jitter"))]
+#[x_kube(validation = Rule::new("!has(self.reverse) || !has(self.reverse.jitter) || duration(self.reverse.jitter) == duration('0s') || (has(self.reverse.latency) ? duration(self.reverse.latency) > duration('0s') : has(self.profile))")
+    .message("jitter varies the latency, so it needs a latency above 0 (or a profile)")
+    .field_path(".reverse.jitter"))]
+#[x_kube(validation = Rule::new("!has(self.impairment) || !has(self.impairment.reorder) || (has(self.impairment.latency) ? duration(self.impairment.latency) > duration('0s') : has(self.profile))")
+    .message("reordering sends some packets without the delay, so it needs a latency above 0 (or a profile)")
+    .field_path(".impairment.reorder"))]
+#[x_kube(validation = Rule::new("!has(self.reverse) || !has(self.reverse.reorder) || (has(self.reverse.latency) ? duration(self.reverse.latency) > duration('0s') : has(self.profile))")
+    .message("reordering sends some packets without the delay, so it needs a latency above 0 (or a profile)")
+    .field_path(".reverse.reorder"))]
+#[x_kube(validation = Rule::new("!has(self.impairment) || !has(self.impairment.burst) || has(self.impairment.bandwidth) || has(self.profile)")
+    .message("burst is the token bucket of a bandwidth limit, so it needs bandwidth (or a profile)")
+    .field_path(".impairment.burst"))]
+#[x_kube(validation = Rule::new("!has(self.reverse) || !has(self.reverse.burst) || has(self.reverse.bandwidth) || has(self.profile)")
+    .message("burst is the token bucket of a bandwidth limit, so it needs bandwidth (or a profile)")
+    .field_path(".reverse.burst"))]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkLinkSpec {
+    /// The sending pods, in this NetworkLink's namespace. Their egress towards `to` is impaired.
+    pub from: FromSpec,
+    /// The receiving side: pods (in this namespace or in namespaces chosen by `namespaceSelector`), the
+    /// Services in front of them, and external networks.
+    pub to: ToSpec,
+    /// What happens to packets from `from` to `to` (one way). With a `profile`, fields set here override the
+    /// profile's uplink. An empty impairment (`{}`) claims the pairs without impairing them, which exempts
+    /// them from lower-priority links.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub impairment: Option<ImpairmentSpec>,
+    /// What happens to packets from the `to` pods back to the `from` pods, when it differs from `impairment`
+    /// (asymmetric links such as satellite or ADSL). With a `profile`, fields set here override the profile's
+    /// downlink. Only allowed when the `to` pods are in this namespace (no `to.namespaceSelector`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reverse: Option<ImpairmentSpec>,
+    /// Apply `impairment` in both directions. Excludes `reverse` and `profile`; only allowed when the `to`
+    /// pods are in this namespace.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub symmetric: bool,
+    /// Impair only `from → to`, dropping a profile's downlink; needed with a profile when the `to` pods are in
+    /// other namespaces (their egress belongs to those namespaces).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub one_way: bool,
+    /// A preset access network (from the dummynet table): the `from` pods are the subscribers, `from → to` gets
+    /// the uplink and `to → from` the downlink (unless `oneWay`). Explicit fields override it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<Profile>,
+    /// When several NetworkLinks cover the same (source pod, destination) pair, the highest priority wins; on
+    /// a tie the older link (creationTimestamp, then name) wins. Both report the overlap in their status.
+    #[serde(default)]
+    pub priority: i32,
+}
+
+/// The sending pods.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct FromSpec {
+    /// Pods in this NetworkLink's namespace; `{}` selects all of them. Host-network pods are never impaired
+    /// (they share the node's network); they are listed in the status instead.
+    pub pod_selector: LabelSelector,
+}
+
+/// The destinations.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[x_kube(validation = Rule::new("has(self.podSelector) || has(self.cidrs)")
+    .message("to needs a podSelector, cidrs, or both"))]
+#[x_kube(validation = Rule::new("!has(self.namespaceSelector) || has(self.podSelector)")
+    .message("namespaceSelector chooses where podSelector looks, so it needs a podSelector")
+    .field_path(".namespaceSelector"))]
+#[serde(rename_all = "camelCase")]
+pub struct ToSpec {
+    /// Destination pods; `{}` selects all pods of the chosen namespaces. Each pod IP (IPv4 and IPv6) becomes a
+    /// destination.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_selector: Option<LabelSelector>,
+    /// Namespaces in which `podSelector` looks; absent means this NetworkLink's namespace only. Not allowed
+    /// together with a reverse direction.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_selector: Option<LabelSelector>,
+    /// External destinations by network, e.g. `203.0.113.0/24` or `2001:db8::/32`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub cidrs: Vec<CidrValue>,
+    /// Whether Service ClusterIPs are destinations too. Traffic to a Service leaves the pod addressed to the
+    /// ClusterIP, so a pod-IP destination alone would miss it. `Matching` (the default) adds the ClusterIPs of
+    /// every Service in a destination namespace whose selector picks at least one running pod and only
+    /// destination pods; a Service that also fronts other pods is left out, since impairing it would impair
+    /// those too. `Ignore` adds none.
+    #[serde(default)]
+    pub services: ServiceInclusion,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+pub enum ServiceInclusion {
+    /// Services whose selected running pods are all destination pods.
+    #[default]
+    Matching,
+    /// No Service ClusterIPs.
+    Ignore,
+}
+
+/// One direction of a link. Every field is optional; unset fields leave that aspect unimpaired (or take a
+/// profile's value).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[x_kube(validation = Rule::new("!has(self.jitterCorrelation) || (has(self.jitter) && duration(self.jitter) > duration('0s'))")
+    .message("jitterCorrelation needs a jitter above 0")
+    .field_path(".jitterCorrelation"))]
+#[serde(rename_all = "camelCase")]
+pub struct ImpairmentSpec {
+    /// One-way delay added to every packet, e.g. `120ms`, `1.5s`, `500us`. A round trip sees the forward
+    /// plus the reverse latency.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency: Option<DurationValue>,
+    /// Random variation of the latency, ± this much (uniform). Jitter reorders packets whose delays cross.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jitter: Option<DurationValue>,
+    /// How much each packet's jitter depends on the previous packet's, e.g. `25%`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jitter_correlation: Option<PercentValue>,
+    /// Packet loss: random (`percent`, optional `correlation`) or bursty (`gilbertElliott`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss: Option<LossSpec>,
+    /// Packets sent twice, e.g. `{percent: 1%}`. Some kernels refuse a duplicating netem next to other
+    /// netems on the same pod; the status then names the pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duplicate: Option<CorrelatedSpec>,
+    /// Packets with a flipped bit, e.g. `{percent: 0.1%}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub corrupt: Option<CorrelatedSpec>,
+    /// Packets sent at once instead of after the latency, so they overtake others; needs a latency.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reorder: Option<ReorderSpec>,
+    /// Bandwidth in bits per second: `100Mbit`, `1.5Gbit`, `64kbit` (bit, kbit, Mbit, Gbit; `mbps` is refused
+    /// as ambiguous).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bandwidth: Option<RateValue>,
+    /// Token bucket size: how much may leave at line rate after an idle period, e.g. `32KiB`; needs a
+    /// bandwidth. Derived from the bandwidth when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst: Option<BurstValue>,
+    /// Packets queued per destination before tail drop. Derived from the bandwidth-delay product when absent,
+    /// so high-rate, high-latency links are not silently capped by a short queue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub queue_limit: Option<u32>,
+}
+
+/// A probability with correlation to the previous packet.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CorrelatedSpec {
+    /// Probability per packet, e.g. `0.1%`.
+    pub percent: PercentValue,
+    /// How much each decision depends on the previous one, e.g. `25%`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub correlation: Option<PercentValue>,
+}
+
+/// Packet loss, random or bursty.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[x_kube(validation = Rule::new("has(self.percent) != has(self.gilbertElliott)")
+    .message("set either percent (random loss) or gilbertElliott (bursty loss)"))]
+#[x_kube(validation = Rule::new("!has(self.correlation) || has(self.percent)")
+    .message("correlation applies to random loss (percent)")
+    .field_path(".correlation"))]
+#[serde(rename_all = "camelCase")]
+pub struct LossSpec {
+    /// Random loss probability per packet, e.g. `0.1%`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub percent: Option<PercentValue>,
+    /// How much each loss decision depends on the previous one, e.g. `25%`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub correlation: Option<PercentValue>,
+    /// Bursty loss with the Gilbert-Elliott two-state model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gilbert_elliott: Option<GilbertElliottSpec>,
+}
+
+/// The Gilbert-Elliott model: a good and a bad state with their own loss probabilities.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct GilbertElliottSpec {
+    /// Probability of moving from the good to the bad state, per packet.
+    pub p: PercentValue,
+    /// Probability of moving from the bad back to the good state, per packet (mean burst length is 1/r).
+    pub r: PercentValue,
+    /// Loss probability in the bad state; `100%` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_in_bad: Option<PercentValue>,
+    /// Loss probability in the good state; `0%` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_in_good: Option<PercentValue>,
+}
+
+/// Reordering.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[x_kube(validation = Rule::new("!has(self.gap) || !self.percent.matches('^[0.]*%$')")
+    .message("gap needs a reorder percent above 0%")
+    .field_path(".gap"))]
+#[serde(rename_all = "camelCase")]
+pub struct ReorderSpec {
+    /// Share of packets sent immediately, e.g. `25%`.
+    pub percent: PercentValue,
+    /// How much each decision depends on the previous one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub correlation: Option<PercentValue>,
+    /// With a gap of N, only every Nth packet may be reordered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub gap: Option<u32>,
+}
+
+/// The most failures listed in the status; the rest are counted in `failuresOmitted`.
+pub const MAX_STATUS_FAILURES: usize = 16;
+/// The most overlapping links listed in the status.
+pub const MAX_STATUS_OVERLAPS: usize = 16;
+
+/// What the operator observed and did.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkLinkStatus {
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Ready`: every pair is applied. `Degraded`: some pairs failed (see `failures`). `Overlapping`: another
+    /// NetworkLink covers some of the same pairs (see `overlaps`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// The `from` selector, summarized for `kubectl get`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<String>,
+    /// The `to` side, summarized for `kubectl get`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<String>,
+    /// The forward latency in force (with jitter), and the reverse one after a slash if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency: Option<String>,
+    /// The loss in force, forward then reverse.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss: Option<String>,
+    /// The bandwidth in force, forward then reverse.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bandwidth: Option<String>,
+    /// The round trip a request from a `from` pod should expect on top of the network's own: forward plus
+    /// reverse latency (± both jitters).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_round_trip: Option<String>,
+    /// Running `from` pods (and `to` pods for the reverse direction) that this link shapes.
+    #[serde(default)]
+    pub source_pods: u32,
+    /// Distinct destination networks (pod IPs, Service ClusterIPs, CIDRs).
+    #[serde(default)]
+    pub destinations: u32,
+    /// (source pod, destination) pairs this link decides, after overlaps.
+    #[serde(default)]
+    pub pairs: u32,
+    /// Pairs the node agents confirmed.
+    #[serde(default)]
+    pub pairs_applied: u32,
+    /// Pairs the node agents could not apply.
+    #[serde(default)]
+    pub pairs_failed: u32,
+    /// Other NetworkLinks covering some of the same pairs, and who wins them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub overlaps: Vec<OverlapStatus>,
+    /// Pods this link could not shape, with the reason; at most 16 entries.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failures: Vec<PodFailure>,
+    /// Failures beyond those listed.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub failures_omitted: u32,
+}
+
+fn is_zero(v: &u32) -> bool {
+    *v == 0
+}
+
+/// Another NetworkLink that covers some of the same (source pod, destination) pairs.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OverlapStatus {
+    /// The other NetworkLink (same namespace).
+    pub link: String,
+    /// Shared pairs this link wins.
+    pub won: u32,
+    /// Shared pairs the other link wins.
+    pub lost: u32,
+}
+
+/// A pod this link could not shape.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodFailure {
+    /// `namespace/name`.
+    pub pod: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// A stable reason: `HostNetwork`, `KernelUnsupported`, `AgentUnreachable`, `DuplicateRestriction`, …
+    pub reason: String,
+    /// What happened, for people.
+    pub message: String,
+}

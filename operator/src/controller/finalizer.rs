@@ -1,0 +1,144 @@
+//! The `isthmus.dev/cleanup` finalizer: a deleted NetworkLink disappears only once every node that had its
+//! impairments confirmed a plan without them, or its node is gone, or a bounded wait ran out.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use isthmus_agent_api::NodePlan;
+use serde_json::json;
+
+use super::nodes::NodeReport;
+use crate::index::ObjectKey;
+
+pub const FINALIZER: &str = "isthmus.dev/cleanup";
+
+/// Whether a plan still asks for anything of the link.
+pub fn plan_uses(plan: &NodePlan, link: &ObjectKey) -> bool {
+    plan.pods
+        .iter()
+        .flat_map(|p| &p.destinations)
+        .any(|d| d.link.namespace == link.namespace && d.link.name == link.name)
+}
+
+/// Where a deleted link's cleanup stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cleanup {
+    /// Every node confirmed, or has no agent plan with the link.
+    Done {
+        gone_nodes: Vec<String>,
+    },
+    Waiting {
+        nodes: Vec<String>,
+    },
+}
+
+/// The nodes among `affected` that still have to confirm a plan without the link. A node counts as done when it
+/// no longer exists, or its agent's latest acknowledged plan does not use the link.
+pub fn cleanup_state(
+    link: &ObjectKey,
+    affected: &BTreeSet<String>,
+    existing_nodes: &BTreeSet<String>,
+    reports: &BTreeMap<String, NodeReport>,
+) -> Cleanup {
+    let mut waiting = Vec::new();
+    let mut gone_nodes = Vec::new();
+    for node in affected {
+        if !existing_nodes.contains(node) {
+            gone_nodes.push(node.clone());
+            continue;
+        }
+        let confirmed = reports.get(node).and_then(|r| r.applied.as_ref()).is_some_and(|a| !plan_uses(&a.plan, link));
+        if !confirmed {
+            waiting.push(node.clone());
+        }
+    }
+    if waiting.is_empty() { Cleanup::Done { gone_nodes } } else { Cleanup::Waiting { nodes: waiting } }
+}
+
+/// A merge patch that sets `metadata.finalizers`, guarded by the resource version it was computed from so that
+/// a concurrent change makes it fail (409) instead of dropping someone else's finalizer.
+pub fn finalizers_patch(finalizers: &[String], resource_version: Option<&str>) -> serde_json::Value {
+    json!({"metadata": {"finalizers": finalizers, "resourceVersion": resource_version}})
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use isthmus_agent_api::{ApplyReply, Capabilities, DestinationPlan, Direction, Impairment, LinkRef, PodPlan};
+
+    use super::*;
+    use crate::controller::nodes::AppliedPlan;
+
+    fn plan(node: &str, links: &[&str]) -> NodePlan {
+        NodePlan {
+            node: node.into(),
+            version: 1,
+            pods: vec![PodPlan {
+                uid: "u".into(),
+                namespace: "ns".into(),
+                name: "p".into(),
+                ips: vec!["10.0.0.1".parse().unwrap()],
+                interface: "eth0".into(),
+                host_network: false,
+                destinations: links
+                    .iter()
+                    .enumerate()
+                    .map(|(i, l)| DestinationPlan {
+                        destination: format!("10.0.1.{i}/32").parse().unwrap(),
+                        impairment: Impairment::default(),
+                        link: LinkRef { namespace: "ns".into(), name: (*l).into(), direction: Direction::Forward },
+                    })
+                    .collect(),
+            }],
+        }
+    }
+
+    fn acked(plan: NodePlan) -> NodeReport {
+        let reply = ApplyReply {
+            node: plan.node.clone(),
+            version: 1,
+            stale: false,
+            pods: vec![],
+            capabilities: Capabilities::default(),
+        };
+        NodeReport { applied: Some(AppliedPlan { plan: Arc::new(plan), reply }), failure: None, capabilities: None }
+    }
+
+    fn set(items: &[&str]) -> BTreeSet<String> {
+        items.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn waits_for_nodes_whose_acknowledged_plan_still_uses_the_link() {
+        let link = ObjectKey::new("ns", "a");
+        let mut reports = BTreeMap::new();
+        reports.insert("n1".to_string(), acked(plan("n1", &["a", "b"])));
+        reports.insert("n2".to_string(), acked(plan("n2", &["b"])));
+        let state = cleanup_state(&link, &set(&["n1", "n2", "n3"]), &set(&["n1", "n2", "n3"]), &reports);
+        assert_eq!(state, Cleanup::Waiting { nodes: vec!["n1".into(), "n3".into()] }, "n3 never acknowledged anything");
+
+        reports.insert("n1".to_string(), acked(plan("n1", &["b"])));
+        reports.insert("n3".to_string(), acked(plan("n3", &[])));
+        assert_eq!(
+            cleanup_state(&link, &set(&["n1", "n2", "n3"]), &set(&["n1", "n2", "n3"]), &reports),
+            Cleanup::Done { gone_nodes: vec![] }
+        );
+    }
+
+    #[test]
+    fn a_deleted_node_does_not_block() {
+        let link = ObjectKey::new("ns", "a");
+        let reports = BTreeMap::new();
+        assert_eq!(
+            cleanup_state(&link, &set(&["gone"]), &set(&["other"]), &reports),
+            Cleanup::Done { gone_nodes: vec!["gone".into()] }
+        );
+        assert_eq!(cleanup_state(&link, &set(&[]), &set(&[]), &reports), Cleanup::Done { gone_nodes: vec![] });
+    }
+
+    #[test]
+    fn the_patch_is_guarded_by_the_resource_version() {
+        let p = finalizers_patch(&["other.io/x".into()], Some("42"));
+        assert_eq!(p, json!({"metadata": {"finalizers": ["other.io/x"], "resourceVersion": "42"}}));
+    }
+}
