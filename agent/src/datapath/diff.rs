@@ -117,7 +117,33 @@ fn key(o: &TcObject) -> Key {
     }
 }
 
+/// Equal as far as a dump can tell: u32 entries by node id within generated tables, their table attribute
+/// aside (neither is reproduced by a dump). Without cloning: the diff compares every installed object.
+fn same(installed: &TcObject, desired: &TcObject) -> bool {
+    match (installed, desired) {
+        (TcObject::Filter(a), TcObject::Filter(b)) => {
+            let Filter { parent, priority, protocol, kind } = a;
+            *parent == b.parent
+                && *priority == b.priority
+                && *protocol == b.protocol
+                && match (kind, &b.kind) {
+                    (FilterKind::U32(u), FilterKind::U32(v)) => {
+                        let U32Filter { handle, divisor, link, hash_table: _, selector, class_id } = u;
+                        normalized_u32_handle(*handle) == normalized_u32_handle(v.handle)
+                            && *divisor == v.divisor
+                            && *link == v.link
+                            && *selector == v.selector
+                            && *class_id == v.class_id
+                    }
+                    (x, y) => x == y,
+                }
+        }
+        (a, b) => a == b,
+    }
+}
+
 /// The object as compared: filters without the fields a dump does not reproduce.
+#[cfg(test)]
 fn comparable(o: &TcObject) -> TcObject {
     match o {
         TcObject::Filter(f) => {
@@ -257,40 +283,43 @@ fn delete_rank(o: &TcObject) -> u8 {
 /// Operations that turn `installed` (the output of [`owned`]) into `desired` (the output of
 /// [`tree::build`]). Deletions carry the installed object, exactly as dumped, so they address it correctly.
 pub fn diff(installed: &[TcObject], desired: &[TcObject]) -> Vec<Operation> {
-    let tree = Tree::new(installed);
-    let current = &tree.objects;
+    let current: HashMap<Key, &TcObject> = installed.iter().map(|o| (key(o), o)).collect();
     let wanted: HashMap<Key, &TcObject> = desired.iter().map(|o| (key(o), o)).collect();
 
     // Objects that must go: not desired, or desired in a form that cannot be reached in place.
-    let mut doomed: Vec<(usize, Key, &TcObject)> = current
+    let doomed: Vec<Key> = current
         .iter()
         .filter(|(k, o)| match wanted.get(k) {
             None => true,
-            Some(d) => comparable(o) != comparable(d) && !changeable(o, d),
+            Some(d) => !same(o, d) && !changeable(o, d),
         })
-        .map(|(k, o)| (tree.depth(*k), *k, *o))
+        .map(|(k, _)| *k)
         .collect();
-    // Shallowest first, so an object whose ancestor is doomed too is recognised as cascaded and not sent;
-    // a cascade only reaches deeper objects, so no later deletion swallows an earlier one.
-    doomed.sort_by_key(|(depth, k, _)| (*depth, *k));
     let mut gone = BTreeSet::new();
-    let mut explicit: Vec<(u8, std::cmp::Reverse<usize>, &TcObject)> = Vec::new();
-    for (depth, k, o) in doomed {
-        if gone.contains(&k) {
-            continue;
+    let mut operations: Vec<Operation> = Vec::new();
+    // The parent/child links cost more than the rest of a small diff: only built when something goes.
+    if !doomed.is_empty() {
+        let tree = Tree::new(installed);
+        let mut doomed: Vec<(usize, Key, &TcObject)> = doomed.into_iter().map(|k| (tree.depth(k), k, current[&k])).collect();
+        // Shallowest first, so an object whose ancestor is doomed too is recognised as cascaded and not sent;
+        // a cascade only reaches deeper objects, so no later deletion swallows an earlier one.
+        doomed.sort_by_key(|(depth, k, _)| (*depth, *k));
+        let mut explicit: Vec<(u8, std::cmp::Reverse<usize>, &TcObject)> = Vec::new();
+        for (depth, k, o) in doomed {
+            if gone.contains(&k) {
+                continue;
+            }
+            gone.extend(tree.cascade(k));
+            explicit.push((delete_rank(o), std::cmp::Reverse(depth), o));
         }
-        gone.extend(tree.cascade(k));
-        explicit.push((delete_rank(o), std::cmp::Reverse(depth), o));
+        explicit.sort_by_key(|(rank, depth, _)| (*rank, *depth));
+        operations.extend(explicit.into_iter().map(|(_, _, o)| Operation::Delete(o.clone())));
     }
-    explicit.sort_by_key(|(rank, depth, _)| (*rank, *depth));
-
-    let mut operations: Vec<Operation> =
-        explicit.into_iter().map(|(_, _, o)| Operation::Delete(o.clone())).collect();
     for d in desired {
         let k = key(d);
         match current.get(&k) {
             Some(o) if !gone.contains(&k) => {
-                if comparable(o) != comparable(d) {
+                if !same(o, d) {
                     operations.push(Operation::Change(d.clone()));
                 }
             }
@@ -298,6 +327,95 @@ pub fn diff(installed: &[TcObject], desired: &[TcObject]) -> Vec<Operation> {
         }
     }
     operations
+}
+
+/// What the owned objects are once `operations` (from [`diff`]`(installed, …)`) have all succeeded, in dump
+/// units as far as [`diff`] compares them (a later [`diff`] against the result is the diff against a fresh
+/// dump). `None` when the kernel picks a handle the result would need: a u32 entry added by node id lands in its
+/// priority's generated table, whose number is only known while another entry of that priority is installed.
+pub fn after(installed: Vec<TcObject>, operations: &[Operation]) -> Option<Vec<TcObject>> {
+    let mut objects = installed;
+    // Positions by key, built only for many operations (a few are found faster by a scan than by indexing
+    // thousands of objects); generated table per (priority, protocol), built at the first entry added by node id.
+    let mut index: Option<HashMap<Key, usize>> = None;
+    let mut generated: Option<HashMap<(u16, u16), u32>> = None;
+    let indexed = operations.len() > 32;
+    let mut i = 0;
+    while i < operations.len() {
+        if matches!(operations[i], Operation::Delete(_)) {
+            // A run of deletions cascades over one parent/child map: removals leave the others' links as they are.
+            let run = operations[i..].iter().take_while(|o| matches!(o, Operation::Delete(_))).count();
+            let removed: BTreeSet<Key> = {
+                let tree = Tree::new(&objects);
+                operations[i..i + run]
+                    .iter()
+                    .flat_map(|o| match o {
+                        Operation::Delete(victim) => tree.cascade(key(victim)),
+                        _ => BTreeSet::new(),
+                    })
+                    .collect()
+            };
+            objects.retain(|o| !removed.contains(&key(o)));
+            (index, generated) = (None, None);
+            i += run;
+            continue;
+        }
+        if indexed && index.is_none() {
+            index = Some(objects.iter().enumerate().map(|(n, o)| (key(o), n)).collect());
+        }
+        let position = |objects: &[TcObject], index: &Option<HashMap<Key, usize>>, k: Key| match index {
+            Some(index) => index.get(&k).copied(),
+            None => objects.iter().position(|o| key(o) == k),
+        };
+        let mut object = match &operations[i] {
+            Operation::Add(o) | Operation::Change(o) | Operation::Delete(o) => o.clone(),
+        };
+        let k = key(&object);
+        if let TcObject::Filter(f) = &mut object
+            && let FilterKind::U32(u) = &mut f.kind
+            && u.handle >> 20 == 0
+        {
+            // Changed: keep the handle the kernel gave the entry, which deletions address. Added by node id: it
+            // lands in its priority's generated table, known while another entry of the priority is there.
+            let htid = match position(&objects, &index, k) {
+                Some(n) => match &objects[n] {
+                    TcObject::Filter(Filter { kind: FilterKind::U32(was), .. }) => was.handle >> 20,
+                    _ => return None,
+                },
+                None => *generated
+                    .get_or_insert_with(|| generated_tables(&objects))
+                    .get(&(f.priority, f.protocol))?,
+            };
+            u.handle |= htid << 20;
+        }
+        match position(&objects, &index, k) {
+            Some(n) => objects[n] = object,
+            None => {
+                if let Some(index) = &mut index {
+                    index.insert(k, objects.len());
+                }
+                objects.push(object);
+            }
+        }
+        i += 1;
+    }
+    Some(objects)
+}
+
+/// The generated table of each u32 priority that holds an entry added by node id.
+fn generated_tables(objects: &[TcObject]) -> HashMap<(u16, u16), u32> {
+    objects
+        .iter()
+        .filter_map(|o| match o {
+            TcObject::Filter(f) => match &f.kind {
+                FilterKind::U32(e) if e.divisor.is_none() && e.handle >> 20 >= GENERATED_HTID_MIN => {
+                    Some(((f.priority, f.protocol), e.handle >> 20))
+                }
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -609,6 +727,85 @@ mod tests {
     fn desired_state() -> impl Strategy<Value = DesiredState> {
         prop::collection::btree_map(destination(), impairment(), 0..24)
             .prop_map(|m| DesiredState::new(m).unwrap())
+    }
+
+    /// The fast path against the simulated kernel, as the I/O shell does it: diff against the record of what
+    /// was last installed, no dump; returns the operations and the record afterwards.
+    fn update(kernel: &mut SimKernel, record: &[TcObject], desired: &DesiredState) -> Result<(Vec<Operation>, Option<Vec<TcObject>>), String> {
+        let slots = handles::assign_slots(desired.destinations().map(|(d, _)| d), &installed_destinations(record))
+            .map_err(|e| format!("{e:?}"))?;
+        let ops = diff(record, &tree::build(desired, &slots));
+        for op in &ops {
+            kernel.apply(op)?;
+        }
+        let record = after(record.to_vec(), &ops);
+        Ok((ops, record))
+    }
+
+    /// Objects as the record must hold them: exact handles (deletions address entries by them), the table
+    /// attribute aside (a dump and a request state it differently, and nothing is addressed by it).
+    fn exact(objects: &[TcObject]) -> Vec<TcObject> {
+        let mut out: Vec<TcObject> = objects
+            .iter()
+            .cloned()
+            .map(|mut o| {
+                if let TcObject::Filter(Filter { kind: FilterKind::U32(u), .. }) = &mut o {
+                    u.hash_table = None;
+                }
+                o
+            })
+            .collect();
+        out.sort_by_key(|o| format!("{o:?}"));
+        out
+    }
+
+    /// A full reconcile that also yields the record the shell keeps (after the operations, or a fresh dump's
+    /// owned objects when a kernel-picked handle is unknown, as the shell's next full reconcile establishes).
+    fn reconcile_recording(kernel: &mut SimKernel, desired: &DesiredState) -> Result<Vec<TcObject>, String> {
+        let before = owned(&kernel.dump());
+        let ops = reconcile(kernel, desired)?;
+        let dumped = owned(&kernel.dump());
+        match after(before, &ops) {
+            Some(record) => {
+                assert_eq!(exact(&record), exact(&dumped), "record after a full reconcile");
+                Ok(record)
+            }
+            None => Ok(dumped),
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+        #[test]
+        fn update_via_the_record_leaves_the_same_kernel_state_as_a_full_reconcile(
+            a in desired_state(), b in desired_state(), c in desired_state()
+        ) {
+            let (mut fast, mut full) = (SimKernel::default(), SimKernel::default());
+            let mut record = reconcile_recording(&mut fast, &a).map_err(TestCaseError::fail)?;
+            reconcile(&mut full, &a).map_err(TestCaseError::fail)?;
+            for next in [&b, &c, &a] {
+                let (_, after_update) = update(&mut fast, &record, next).map_err(TestCaseError::fail)?;
+                reconcile(&mut full, next).map_err(TestCaseError::fail)?;
+                assert_installed_exactly(&fast, next);
+                let (fast_dump, full_dump) = (owned(&fast.dump()), owned(&full.dump()));
+                let sorted = |v: &[TcObject]| {
+                    let mut v: Vec<TcObject> = v.iter().map(comparable).collect();
+                    v.sort_by_key(|o| format!("{o:?}"));
+                    v
+                };
+                prop_assert_eq!(sorted(&fast_dump), sorted(&full_dump), "update and full reconcile disagree");
+                record = match after_update {
+                    Some(r) => {
+                        prop_assert_eq!(exact(&r), exact(&fast_dump), "the record after an update is what a dump shows");
+                        r
+                    }
+                    // The shell drops the record; its next call is a full reconcile, which re-reads it.
+                    None => fast_dump,
+                };
+                let (again, _) = update(&mut fast, &record, next).map_err(TestCaseError::fail)?;
+                prop_assert!(again.is_empty(), "the same state via the record sent {:?}", again);
+            }
+        }
     }
 
     proptest! {

@@ -6,7 +6,8 @@
 //! - [`tree`]: desired state (destinations → impairments) → the set of objects, with stable handles.
 //! - [`diff`]: installed objects vs desired objects → the minimal ordered list of operations.
 //! - `netlink`: model objects ⇄ rtnetlink messages (hand-encoded htb, tbf, netem), extended acks.
-//! - `reconcile`: the thin shell — dump, diff, send — over a netlink socket opened inside the namespace.
+//! - `reconcile`: the thin shell — dump, diff, send (`Datapath::reconcile`), or diff against the record of the
+//!   last call and send (`Datapath::update`) — over a netlink socket opened inside the namespace.
 
 pub mod diff;
 pub mod error;
