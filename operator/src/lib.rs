@@ -4,7 +4,8 @@
 //! - [`api`]: the `NetworkLink` custom resource, with its schema, presets and resolution into impairments;
 //! - [`units`]: the one parser of durations, percentages, rates and sizes;
 //! - [`index`]: an in-memory store of the Kubernetes objects that matter, fed by watch events;
-//! - [`plan`]: the pure, incremental computation of each node's plan and each link's status facts.
+//! - [`plan`]: the pure, incremental computation of each node's plan and each link's status facts;
+//! - [`uninstall`]: `isthmus-operator uninstall`, the chart's pre-delete hook.
 
 pub mod api;
 pub mod controller;
@@ -13,4 +14,5 @@ pub mod leader;
 pub mod metrics;
 pub mod plan;
 pub mod telemetry;
+pub mod uninstall;
 pub mod units;

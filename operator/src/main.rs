@@ -22,6 +22,8 @@ use kube::runtime::events::{Recorder, Reporter};
 #[derive(Debug, Parser)]
 #[command(version, about)]
 struct Args {
+    #[command(subcommand)]
+    command: Option<Command>,
     /// TCP port of the agents' API on each agent pod's IP.
     #[arg(long, env = "ISTHMUS_AGENT_PORT", default_value_t = 9443)]
     agent_port: u16,
@@ -68,10 +70,29 @@ struct Args {
     log_format: LogFormat,
 }
 
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// Delete every NetworkLink in every namespace and wait until the running operator has removed their
+    /// impairments (their finalizers are gone); exits non-zero naming the links left after the timeout.
+    /// The chart's pre-delete hook.
+    Uninstall {
+        #[arg(long, default_value_t = 180)]
+        timeout_seconds: u64,
+    },
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     telemetry::init_logging(args.log_format);
+    if let Some(Command::Uninstall { timeout_seconds }) = args.command {
+        let client = kube::Client::try_default().await.context("connecting to the Kubernetes API")?;
+        let deleted = isthmus_operator::uninstall::delete_all_and_wait(client, Duration::from_secs(timeout_seconds))
+            .await
+            .context("uninstall: deleting every NetworkLink and waiting for the operator to remove their impairments")?;
+        tracing::info!(deleted, "no NetworkLink left");
+        return Ok(());
+    }
 
     let files = TlsFiles {
         ca: args.agent_ca.clone().unwrap_or_else(|| args.agent_tls_dir.join("ca.crt")),

@@ -1,8 +1,20 @@
 #!/usr/bin/env python3
-"""Splits the rendered uninstall hook: `rbac OUT.yaml` writes every object but the Job; `args` prints the Job's
-container args, one per line (lint.sh runs them with kubectl, impersonating the hook's ServiceAccount)."""
+"""Helpers for lint.sh's uninstall-hook check.
+  hook_parts.py HOOK.yaml rbac OUT.yaml         writes every rendered object but the Job;
+  hook_parts.py HOOK.yaml args                  prints the Job's container args, one per line (the
+                                                ServiceAccount's name on stderr), after checking that the Job
+                                                runs the operator image non-root with a read-only root;
+  hook_parts.py KUBECONFIG impersonate OUT USER writes a copy of KUBECONFIG whose users impersonate USER."""
 import sys
 import yaml
+
+if sys.argv[2] == "impersonate":
+    config = yaml.safe_load(open(sys.argv[1]))
+    for user in config["users"]:
+        user["user"]["as"] = sys.argv[4]
+    with open(sys.argv[3], "w") as f:
+        yaml.safe_dump(config, f)
+    sys.exit(0)
 
 docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
 if sys.argv[2] == "rbac":
@@ -10,6 +22,22 @@ if sys.argv[2] == "rbac":
         yaml.safe_dump_all([d for d in docs if d["kind"] != "Job"], f)
 else:
     (job,) = [d for d in docs if d["kind"] == "Job"]
-    (container,) = job["spec"]["template"]["spec"]["containers"]
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    problems = []
+    if "/isthmus-operator:" not in container["image"]:
+        problems.append(f"image {container['image']} is not the operator image")
+    if container["args"][0] != "uninstall":
+        problems.append(f"args {container['args']} do not run `isthmus-operator uninstall`")
+    if not pod["securityContext"].get("runAsNonRoot"):
+        problems.append("securityContext.runAsNonRoot is not true")
+    if not container["securityContext"].get("readOnlyRootFilesystem"):
+        problems.append("container securityContext.readOnlyRootFilesystem is not true")
+    (role,) = [d for d in docs if d["kind"] == "ClusterRole"]
+    verbs = sorted(v for rule in role["rules"] for v in rule["verbs"])
+    if verbs != ["delete", "list", "watch"]:
+        problems.append(f"ClusterRole verbs {verbs}, want exactly list, watch, delete")
+    if problems:
+        sys.exit("uninstall hook: " + "; ".join(problems))
     print("\n".join(container["args"]))
-    print(job["spec"]["template"]["spec"]["serviceAccountName"], file=sys.stderr)
+    print(pod["serviceAccountName"], file=sys.stderr)

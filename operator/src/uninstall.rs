@@ -1,0 +1,138 @@
+//! `isthmus-operator uninstall`: the chart's pre-delete hook. Deletes every NetworkLink in every namespace and
+//! waits until all are gone, i.e. until the running operator's `isthmus.dev/cleanup` finalizer has removed their
+//! impairments from every node. Runs in the operator's own image, so the hook needs no other image.
+//!
+//! The wait watches rather than polls, and a link created meanwhile is deleted as well: when this returns `Ok`,
+//! no NetworkLink exists anywhere.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use futures::StreamExt as _;
+use kube::api::{Api, DeleteParams};
+use kube::runtime::WatchStreamExt as _;
+use kube::runtime::watcher::{self, Event, watcher};
+use kube::{Client, ResourceExt as _};
+
+use crate::api::NetworkLink;
+
+/// Why the uninstall did not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum UninstallError {
+    #[error(
+        "{} NetworkLink(s) still present after {}s: {}{}; is the isthmus operator running? \
+         (without it, nothing removes the finalizers)",
+        remaining.len(),
+        timeout.as_secs(),
+        Remaining(remaining),
+        last_error.as_ref().map(|e| format!("; last API error: {e}")).unwrap_or_default()
+    )]
+    Timeout { timeout: Duration, remaining: BTreeMap<String, Vec<String>>, last_error: Option<String> },
+    #[error(
+        "could not list NetworkLinks within {}s: {}",
+        timeout.as_secs(),
+        last_error.as_deref().unwrap_or("no answer from the API server")
+    )]
+    NeverListed { timeout: Duration, last_error: Option<String> },
+    #[error("the NetworkLink watch ended unexpectedly")]
+    WatchEnded,
+}
+
+/// `namespace/name (finalizers: a, b)`, comma-separated.
+struct Remaining<'a>(&'a BTreeMap<String, Vec<String>>);
+
+impl fmt::Display for Remaining<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, (key, finalizers)) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{key}")?;
+            if !finalizers.is_empty() {
+                write!(f, " (finalizers: {})", finalizers.join(", "))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Deletes every NetworkLink in every namespace and waits, up to `timeout`, until none remains. Needs only
+/// `list`, `watch` and `delete` on `networklinks.isthmus.dev`. Transient API errors are retried until the
+/// deadline; the timeout error names every link still present and the last API error.
+pub async fn delete_all_and_wait(client: Client, timeout: Duration) -> Result<usize, UninstallError> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let links: Api<NetworkLink> = Api::all(client.clone());
+    let mut stream = std::pin::pin!(watcher(links, watcher::Config::default()).default_backoff());
+    // Links present now, by `namespace/name`, with their finalizers.
+    let mut present: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    // Links of a (re)list in progress; they replace `present` when it completes.
+    let mut initial: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut synced = false;
+    let mut deleted = 0usize;
+    let mut last_error: Option<String> = None;
+    loop {
+        if synced && present.is_empty() {
+            return Ok(deleted);
+        }
+        let event = tokio::select! {
+            event = stream.next() => event.ok_or(UninstallError::WatchEnded)?,
+            () = tokio::time::sleep_until(deadline) => {
+                if !synced {
+                    return Err(UninstallError::NeverListed { timeout, last_error });
+                }
+                return Err(UninstallError::Timeout { timeout, remaining: present, last_error });
+            }
+        };
+        let link = match event {
+            Ok(Event::Init) => {
+                initial.clear();
+                continue;
+            }
+            Ok(Event::InitDone) => {
+                present = std::mem::take(&mut initial);
+                synced = true;
+                continue;
+            }
+            Ok(Event::InitApply(link)) => {
+                initial.insert(key(&link), link.finalizers().to_vec());
+                link
+            }
+            Ok(Event::Apply(link)) => {
+                present.insert(key(&link), link.finalizers().to_vec());
+                link
+            }
+            Ok(Event::Delete(link)) => {
+                present.remove(&key(&link));
+                tracing::info!(link = %key(&link), "NetworkLink gone");
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "watching NetworkLinks; retrying");
+                last_error = Some(e.to_string());
+                continue;
+            }
+        };
+        if link.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let namespace = link.namespace().unwrap_or_default();
+        let api: Api<NetworkLink> = Api::namespaced(client.clone(), &namespace);
+        match api.delete(&link.name_any(), &DeleteParams::background()).await {
+            Ok(_) => {
+                deleted += 1;
+                tracing::info!(link = %key(&link), "NetworkLink deleted; waiting for its finalizer");
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            // The watch shows the link again (as an update or on a relist), so the delete is retried then.
+            Err(e) => {
+                tracing::warn!(link = %key(&link), error = %e, "deleting NetworkLink");
+                last_error = Some(format!("deleting {}: {e}", key(&link)));
+            }
+        }
+    }
+}
+
+fn key(link: &NetworkLink) -> String {
+    format!("{}/{}", link.namespace().unwrap_or_default(), link.name_any())
+}
