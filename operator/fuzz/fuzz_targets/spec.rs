@@ -1,5 +1,6 @@
-//! Arbitrary JSON as a NetworkLink spec: deserializing and resolving never panics, and whatever resolves
-//! yields impairments the agent API accepts.
+//! Arbitrary JSON as a NetworkLink spec: deserializing and resolving never panics, whatever resolves yields
+//! impairments the agent API accepts, and a spec written back out reads in as the same spec resolving the
+//! same way (so no field the operator reads is lost when it stores or patches the object).
 #![no_main]
 
 use isthmus_operator::api::NetworkLinkSpec;
@@ -7,11 +8,19 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(spec) = serde_json::from_slice::<NetworkLinkSpec>(data) else { return };
-    if let Ok(resolved) = spec.resolve() {
+    let written = serde_json::to_vec(&spec).expect("a deserialized spec serializes");
+    let reread: NetworkLinkSpec = serde_json::from_slice(&written)
+        .unwrap_or_else(|e| panic!("{} does not read back: {e}", String::from_utf8_lossy(&written)));
+    assert_eq!(reread, spec, "{}", String::from_utf8_lossy(&written));
+
+    let resolved = spec.resolve();
+    assert_eq!(reread.resolve(), resolved);
+    if let Ok(resolved) = resolved {
         resolved.forward.validate().expect("resolved impairments are valid");
         if let Some(r) = &resolved.reverse {
             r.validate().expect("resolved impairments are valid");
         }
+        assert_eq!(resolved.reverse.is_some(), spec.has_reverse(), "{}", String::from_utf8_lossy(data));
         let _ = resolved.summary();
     }
 });
