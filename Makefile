@@ -3,12 +3,88 @@ SHELL := /bin/bash
 CACHE ?= $(HOME)/.cache/isthmus
 export CARGO_TARGET_DIR ?= $(CURDIR)/target
 
-.PHONY: help test unit kernel-test cluster-smoke demo deps
+.PHONY: help test unit demo
 
 help:
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | sort
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | sort
 
-test: unit kernel-test cluster-smoke ## the whole suite: unit and host-kernel tests, the stock-kernel rig, the cluster
+test: unit operator-it chart-lint examples-validate images-test kernel-test cluster-smoke e2e ## the whole suite: unit and host-kernel tests, API-server tests, chart, stock-kernel rig, real cluster smoke and end-to-end
 
 unit: ## cargo tests of every crate (root: host-kernel datapath tests run in throwaway namespaces)
 	cargo test --workspace --locked
+
+# ---- stock-kernel rig (e2e/kernel/README.md): netem & co. on Debian bookworm 6.1 (QEMU TCG) and sid 7.x (UML)
+.PHONY: kernel-test kernel-test-one kernel-fetch
+
+kernel-test: ## datapath tests inside stock kernels (pinned Debian packages cached in $(CACHE)/kernel)
+	CACHE=$(CACHE) e2e/kernel/rig all
+
+kernel-test-one: ## one test (or a comma list / substring) in the rig: make kernel-test-one TEST=delay [KERNEL=sid|bookworm]
+	@test -n "$(TEST)" || { echo "usage: make kernel-test-one TEST=name[,name] [KERNEL=bookworm|sid]"; e2e/kernel/rig list; exit 2; }
+	CACHE=$(CACHE) e2e/kernel/rig all --test $(TEST) $(if $(KERNEL),--kernel $(KERNEL))
+
+kernel-fetch: ## only download and prepare the rig's pinned kernels and host tools
+	CACHE=$(CACHE) e2e/kernel/rig fetch
+
+# ---- e2e cluster (e2e/cluster/README.md). Provider: local here, kind where Docker and kind exist
+#      (ISTHMUS_CLUSTER_PROVIDER=local|kind).
+.PHONY: cluster-up cluster-down cluster-smoke lint-workflows
+
+cluster-smoke: ## a real 2-node cluster: pods, ping/TCP within and across nodes, Services, exec/logs, GC; down leaves nothing
+	@start=$$(date +%s); e2e/cluster/smoke; rc=$$?; echo "cluster-smoke: exit $$rc after $$(( $$(date +%s) - start )) s"; exit $$rc
+
+cluster-up: ## start the e2e cluster (NODES=2; CONTROL_PLANE_ONLY=1 for etcd + apiserver + controller-manager)
+	e2e/cluster/cluster up --nodes $(or $(NODES),2) $(if $(CONTROL_PLANE_ONLY),--control-plane-only)
+
+cluster-down: ## stop the e2e cluster and remove everything it made
+	e2e/cluster/cluster down
+
+lint-workflows: ## actionlint (pinned in e2e/cluster/tools/go.mod) over .github/workflows
+	"$$(e2e/cluster/lib/install-tool.sh actionlint)" -no-color
+
+# ---- images (e2e/images/build): static binaries -> OCI archives in $(CARGO_TARGET_DIR)/images, no Docker daemon
+.PHONY: images images-test
+
+images: ## build static binaries and OCI image archives (IMAGES="operator agent probe"); prints ARCHIVE REF DIGEST BYTES
+	e2e/images/build $(IMAGES)
+
+images-test: ## tests of the image pipeline (archive checks, determinism) on busybox-static; no release build
+	python3 e2e/images/test_verify_archive.py
+
+# ---- operator against a real control plane (etcd + kube-apiserver + controller-manager; e2e/cluster/README.md)
+.PHONY: operator-it
+
+operator-it: ## operator integration tests (CRD, finalizer, status, leader hand-over, `uninstall` subcommand, a real agent on 127.0.0.1) on a throwaway control plane
+	@export ISTHMUS_CLUSTER_NAME=operator-it-$$$$; \
+	trap 'e2e/cluster/cluster down >/dev/null' EXIT; \
+	cargo build -p isthmus-agent && \
+	e2e/cluster/cluster up --control-plane-only && \
+	export KUBECONFIG=$$(e2e/cluster/cluster kubeconfig) ISTHMUS_TEST_KUBECONFIG=$$(e2e/cluster/cluster kubeconfig) \
+		ISTHMUS_TEST_AGENT_BIN=$(CARGO_TARGET_DIR)/debug/isthmus-agent && \
+	cargo test -p isthmus-operator --test controller && \
+	cargo test -p isthmus-operator --test uninstall && \
+	cargo test -p isthmus-operator --test apiserver -- --ignored
+
+# ---- Helm chart and examples (each starts its own control-plane-only cluster, ~10 s, and tears it down)
+.PHONY: chart-lint examples-validate
+
+chart-lint: ## helm lint/template of charts/isthmus against a real 1.34 API server; CRD copy, schema, upgrade keeps certs, agent mTLS
+	charts/isthmus/tests/lint.sh
+
+examples-validate: ## every examples/*.yaml through kubectl apply --dry-run=server with the NetworkLink CRD installed
+	examples/validate.sh
+
+# ---- Fuzzing (needs a nightly toolchain; not part of `make test`)
+.PHONY: fuzz
+
+fuzz: ## cargo-fuzz the operator's unit and spec parsers, FUZZ_SECONDS (default 60) per target; installs cargo-fuzz into $(CACHE)/cargo-fuzz
+	CACHE=$(CACHE) FUZZ_SECONDS=$(or $(FUZZ_SECONDS),60) operator/fuzz/run $(FUZZ_TARGETS)
+
+# ---- end-to-end suite (e2e/suite) and the demo (e2e/demo), on the e2e cluster
+.PHONY: e2e
+
+e2e: ## cluster up (ISTHMUS_E2E_REUSE=1: a running one), images, helm install, then cargo test -p isthmus-e2e (measured in pods)
+	e2e/suite/run
+
+demo: ## cluster up, images, isthmus, examples/three-regions.yaml, then a table of configured vs measured per pair; leaves the cluster up
+	e2e/demo

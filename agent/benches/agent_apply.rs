@@ -34,7 +34,11 @@ fn plan(fleet: &Fleet, version: u64, pods: usize, rate_base: u64) -> NodePlan {
                     .map(|d| DestinationPlan {
                         destination: IpNet::from(IpAddr::from([10, 245, (d / 250) as u8, (d % 250 + 1) as u8])),
                         impairment: Impairment { rate_bps: Some(rate_base + d as u64 * 1000), ..Default::default() },
-                        link: LinkRef { namespace: "bench".into(), name: format!("link-{d}"), direction: Direction::Forward },
+                        link: LinkRef {
+                            namespace: "bench".into(),
+                            name: format!("link-{d}"),
+                            direction: Direction::Forward,
+                        },
                     })
                     .collect(),
             })
@@ -73,7 +77,13 @@ async fn main() {
     let client = certs.operator();
     let (rss_idle, _) = agent.rss_kib();
 
-    let phases = ["apply (empty node)", "apply (unchanged)", "apply (every rate changed)", "observe (10,000 links)", "apply (empty plan: remove all)"];
+    let phases = [
+        "apply (empty node)",
+        "apply (unchanged)",
+        "apply (every rate changed)",
+        "observe (10,000 links)",
+        "apply (empty plan: remove all)",
+    ];
     let mut times: Vec<Vec<f64>> = vec![Vec::new(); phases.len()];
     let mut rss_after = Vec::new();
     let mut version = 0;
@@ -85,7 +95,11 @@ async fn main() {
                 let start = Instant::now();
                 let reply = client.apply(api, &plan).await.expect("apply");
                 let elapsed = start.elapsed().as_secs_f64();
-                assert!(reply.pods.iter().all(|p| p.outcome == PodOutcome::Applied), "{:?}", reply.pods.iter().find(|p| p.outcome != PodOutcome::Applied));
+                assert!(
+                    reply.pods.iter().all(|p| p.outcome == PodOutcome::Applied),
+                    "{:?}",
+                    reply.pods.iter().find(|p| p.outcome != PodOutcome::Applied)
+                );
                 (elapsed, reply.pods.iter().map(|p| p.mutations).sum::<u64>())
             }
         };

@@ -36,7 +36,10 @@ fn rate_of(i: u32, bump: bool) -> u64 {
 
 fn desired(n: u32, bump_first: bool) -> DesiredState {
     DesiredState::new((0..n).map(|i| {
-        (IpNet::from(IpAddr::from(destination(i))), Impairment { rate_bps: Some(rate_of(i, bump_first && i == 0)), ..Default::default() })
+        (
+            IpNet::from(IpAddr::from(destination(i))),
+            Impairment { rate_bps: Some(rate_of(i, bump_first && i == 0)), ..Default::default() },
+        )
     }))
     .unwrap()
 }
@@ -51,8 +54,13 @@ fn tc_commands(n: u32) -> Vec<String> {
         let (class, tbf) = (0x1000 + i, 0x2000 + i);
         let burst = (rate_of(i, false) / 8 * 5 / 1000).max(3200);
         let limit = burst + rate_of(i, false) / 8 / 10;
-        c.push(format!("class add dev va parent 1570: classid 1570:{class:x} htb rate 100gbit ceil 100gbit quantum 65536"));
-        c.push(format!("qdisc add dev va parent 1570:{class:x} handle {tbf:x}: tbf rate {}bit burst {burst} limit {limit}", rate_of(i, false)));
+        c.push(format!(
+            "class add dev va parent 1570: classid 1570:{class:x} htb rate 100gbit ceil 100gbit quantum 65536"
+        ));
+        c.push(format!(
+            "qdisc add dev va parent 1570:{class:x} handle {tbf:x}: tbf rate {}bit burst {burst} limit {limit}",
+            rate_of(i, false)
+        ));
     }
     c.push("filter add dev va parent 1570: prio 1 handle 100: protocol ip u32 divisor 256".to_owned());
     for i in 0..n {
@@ -98,7 +106,8 @@ async fn main() {
     let runs: usize = args.iter().position(|a| a == "--runs").and_then(|i| args.get(i + 1)?.parse().ok()).unwrap_or(5);
     let per_object_runs = 1;
     let pair = Pair::new("bench");
-    let datapath = Datapath::open(std::fs::File::open(format!("/run/netns/{}", pair.a)).unwrap().as_fd()).await.unwrap();
+    let datapath =
+        Datapath::open(std::fs::File::open(format!("/run/netns/{}", pair.a)).unwrap().as_fd()).await.unwrap();
     let batch_path = std::env::temp_dir().join(format!("isthmus-bench-{}.tc", std::process::id()));
 
     let mut table = String::new();
@@ -189,7 +198,13 @@ async fn main() {
     let unshaped = Impairment::default();
     let one = DesiredState::new([(target, unshaped.clone())]).unwrap();
     let thousand = DesiredState::new(
-        (0..999).map(|i| (IpNet::from(IpAddr::from(destination(i))), Impairment { rate_bps: Some(rate_of(i, false)), ..Default::default() }))
+        (0..999)
+            .map(|i| {
+                (
+                    IpNet::from(IpAddr::from(destination(i))),
+                    Impairment { rate_bps: Some(rate_of(i, false)), ..Default::default() },
+                )
+            })
             .chain([(target, unshaped)]),
     )
     .unwrap();
@@ -198,7 +213,9 @@ async fn main() {
         for (state, results) in [(&one, &mut with_one), (&thousand, &mut with_thousand)] {
             datapath.reconcile("va", &DesiredState::empty()).await.unwrap();
             datapath.reconcile("va", state).await.unwrap();
-            results.push(pair.tcp_goodput_bps("10.77.0.2".parse().unwrap(), 6000 + run as u16 * 2 + (state.len() > 1) as u16));
+            results.push(
+                pair.tcp_goodput_bps("10.77.0.2".parse().unwrap(), 6000 + run as u16 * 2 + (state.len() > 1) as u16),
+            );
         }
     }
     datapath.reconcile("va", &DesiredState::empty()).await.unwrap();
@@ -206,7 +223,9 @@ async fn main() {
     writeln!(table).unwrap();
     writeln!(table, "| TCP goodput to one destination | median Gbit/s | runs (Gbit/s) |").unwrap();
     writeln!(table, "|---|---|---|").unwrap();
-    for (label, g, all) in [("1 destination installed", g1, &with_one), ("1,000 destinations installed", g1000, &with_thousand)] {
+    for (label, g, all) in
+        [("1 destination installed", g1, &with_one), ("1,000 destinations installed", g1000, &with_thousand)]
+    {
         let all: Vec<String> = all.iter().map(|v| format!("{:.1}", v / 1e9)).collect();
         writeln!(table, "| {label} | {:.2} | {} |", g / 1e9, all.join(", ")).unwrap();
     }

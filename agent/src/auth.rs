@@ -57,7 +57,8 @@ impl OperatorIdentity {
         let Some(end_entity) = chain.and_then(|c| c.first()) else {
             return Err("no client certificate".into());
         };
-        let parsed = ParsedCertificate::try_from(end_entity).map_err(|e| format!("unreadable client certificate: {e}"))?;
+        let parsed =
+            ParsedCertificate::try_from(end_entity).map_err(|e| format!("unreadable client certificate: {e}"))?;
         rustls::client::verify_server_name(&parsed, &self.0)
             .map_err(|_| format!("the client certificate is not for the operator (expected DNS SAN {})", self.name()))
     }

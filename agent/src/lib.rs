@@ -1,8 +1,8 @@
 //! isthmus node agent: the tc datapath (pure tree building, diffing and netlink encoding, plus a thin I/O
 //! shell), network-namespace resolution, and the service the operator calls.
 
-pub mod datapath;
 pub mod auth;
+pub mod datapath;
 pub mod metrics;
 pub mod netns;
 pub mod node;

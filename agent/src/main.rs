@@ -173,7 +173,9 @@ async fn serve(args: ServeArgs, common: CommonArgs) -> anyhow::Result<()> {
     .context("starting the node (adopting installed trees)")?;
     let _reload = tls.clone().watch(Duration::from_secs(args.tls_reload_seconds.max(1)));
 
-    let tcp = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding --listen {}", args.listen))?;
+    let tcp = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding --listen {}", args.listen))?;
     let listener = TlsListener::new(tcp, tls, identity.clone(), metrics.clone())?;
     health.set_ready(node.clone());
     tracing::info!(node = %node_name, api = %args.listen, health = %args.health_listen, operator = %identity.name(), "serving");

@@ -102,9 +102,17 @@ impl Metrics {
             apply_duration_seconds.clone(),
         );
         let applies = Family::<OutcomeLabels, Counter>::default();
-        registry.register("isthmus_agent_applies", "Node plans received, by outcome (applied, partial, stale)", applies.clone());
+        registry.register(
+            "isthmus_agent_applies",
+            "Node plans received, by outcome (applied, partial, stale)",
+            applies.clone(),
+        );
         let pod_errors = Family::<ErrorKindLabels, Counter>::default();
-        registry.register("isthmus_agent_pod_errors", "Pods whose plan could not be applied, by error kind", pod_errors.clone());
+        registry.register(
+            "isthmus_agent_pod_errors",
+            "Pods whose plan could not be applied, by error kind",
+            pod_errors.clone(),
+        );
         let mutations = Counter::default();
         registry.register("isthmus_agent_netlink_mutations", "Netlink changes sent to the kernel", mutations.clone());
         let pods_in_plan = Gauge::default();

@@ -153,7 +153,11 @@ fn read_inventory() -> io::Result<Inventory> {
     Ok(inventory)
 }
 
-fn dump(socket: &netlink_sys::Socket, request: RouteNetlinkMessage, sequence: u32) -> io::Result<Vec<RouteNetlinkMessage>> {
+fn dump(
+    socket: &netlink_sys::Socket,
+    request: RouteNetlinkMessage,
+    sequence: u32,
+) -> io::Result<Vec<RouteNetlinkMessage>> {
     let mut header = NetlinkHeader::default();
     header.flags = NLM_F_REQUEST | NLM_F_DUMP;
     header.sequence_number = sequence;
@@ -365,7 +369,8 @@ impl Resolver {
             opened.insert(ns.id, ns.clone());
         }
         let candidates = self.cgroup_candidates(&live, &unresolved);
-        let first: Vec<NetnsId> = candidates.values().flatten().copied().filter(|id| !inventories.contains_key(id)).collect();
+        let first: Vec<NetnsId> =
+            candidates.values().flatten().copied().filter(|id| !inventories.contains_key(id)).collect();
         self.open_and_inventory(&live, dev, first, &mut opened, &mut inventories);
         let all_found = unresolved.iter().all(|pod| {
             candidates.get(&pod.uid).is_some_and(|ids| {
@@ -384,7 +389,9 @@ impl Resolver {
                 .map(|(id, _)| *id)
                 .collect();
             let preferred: Vec<NetnsId> = match candidates.get(&pod.uid) {
-                Some(c) if holders.iter().any(|h| c.contains(h)) => holders.iter().copied().filter(|h| c.contains(h)).collect(),
+                Some(c) if holders.iter().any(|h| c.contains(h)) => {
+                    holders.iter().copied().filter(|h| c.contains(h)).collect()
+                }
                 _ => holders,
             };
             let result = match preferred.as_slice() {
@@ -442,7 +449,11 @@ impl Resolver {
     }
 
     /// Per unresolved pod UID, the namespaces of processes whose cgroup path names the pod.
-    fn cgroup_candidates(&self, live: &HashMap<NetnsId, Reachable>, pods: &[&PodIdentity]) -> HashMap<String, Vec<NetnsId>> {
+    fn cgroup_candidates(
+        &self,
+        live: &HashMap<NetnsId, Reachable>,
+        pods: &[&PodIdentity],
+    ) -> HashMap<String, Vec<NetnsId>> {
         let needles: Vec<(String, [String; 2])> = pods
             .iter()
             .map(|p| (p.uid.clone(), [format!("pod{}", p.uid), format!("pod{}", p.uid.replace('-', "_"))]))
@@ -450,7 +461,8 @@ impl Resolver {
         let mut out: HashMap<String, Vec<NetnsId>> = HashMap::new();
         for (id, r) in live {
             for pid in &r.pids {
-                let Ok(cgroup) = std::fs::read_to_string(self.sources.proc_root.join(pid.to_string()).join("cgroup")) else {
+                let Ok(cgroup) = std::fs::read_to_string(self.sources.proc_root.join(pid.to_string()).join("cgroup"))
+                else {
                     continue;
                 };
                 for (uid, [dashed, underscored]) in &needles {

@@ -20,8 +20,8 @@ use std::time::Instant;
 use futures::StreamExt;
 use ipnet::IpNet;
 use isthmus_agent_api::{
-    AdoptedTree, ApplyReply, Capabilities, LinkRef, NodePlan, ObservedDestination, ObservedPod, ObservedState, PodError,
-    PodErrorKind, PodOutcome, PodPlan, PodResult,
+    AdoptedTree, ApplyReply, Capabilities, LinkRef, NodePlan, ObservedDestination, ObservedPod, ObservedState,
+    PodError, PodErrorKind, PodOutcome, PodPlan, PodResult,
 };
 use serde::Deserialize;
 
@@ -200,21 +200,39 @@ impl Node {
                 Err(e) => {
                     let (uid, namespace, name) = identity_of(value);
                     keep_as_is.insert(uid.clone());
-                    results.push(Some(failed(&uid, &namespace, &name, PodErrorKind::InvalidPlan, format!("pods[{index}]: {e}"))));
+                    results.push(Some(failed(
+                        &uid,
+                        &namespace,
+                        &name,
+                        PodErrorKind::InvalidPlan,
+                        format!("pods[{index}]: {e}"),
+                    )));
                     continue;
                 }
             };
             if !seen.insert(pod.uid.clone()) {
-                results.push(Some(failed_pod(&pod, PodErrorKind::InvalidPlan, format!("pods[{index}].uid: {} appears twice", pod.uid))));
+                results.push(Some(failed_pod(
+                    &pod,
+                    PodErrorKind::InvalidPlan,
+                    format!("pods[{index}].uid: {} appears twice", pod.uid),
+                )));
                 continue;
             }
             if pod.host_network {
-                results.push(Some(failed_pod(&pod, PodErrorKind::HostNetwork, "the pod uses the host network; isthmus never shapes it".into())));
+                results.push(Some(failed_pod(
+                    &pod,
+                    PodErrorKind::HostNetwork,
+                    "the pod uses the host network; isthmus never shapes it".into(),
+                )));
                 continue;
             }
             if let Err(message) = check_interface_name(&pod.interface) {
                 keep_as_is.insert(pod.uid.clone());
-                results.push(Some(failed_pod(&pod, PodErrorKind::InvalidPlan, format!("pods[{index}].interface: {message}"))));
+                results.push(Some(failed_pod(
+                    &pod,
+                    PodErrorKind::InvalidPlan,
+                    format!("pods[{index}].interface: {message}"),
+                )));
                 continue;
             }
             match DesiredState::new(pod.destinations.iter().map(|d| (d.destination, d.impairment.clone()))) {
@@ -439,7 +457,11 @@ impl Node {
                 .into_iter()
                 .map(|(destination, counters)| ObservedDestination { destination, link: None, counters })
                 .collect();
-            adopted.push(AdoptedTree { netns_inode: entry.netns.id().inode, interface: entry.interface.clone(), destinations });
+            adopted.push(AdoptedTree {
+                netns_inode: entry.netns.id().inode,
+                interface: entry.interface.clone(),
+                destinations,
+            });
         }
         let mut all_labelled = Vec::new();
         let mut observed_pods = Vec::new();
@@ -520,7 +542,11 @@ async fn observe_interface(netns: &Netns, interface: &str) -> Vec<(IpNet, isthmu
 }
 
 /// Every (namespace, interface) holding an isthmus tree, except in `skip` (the agent's own namespace).
-async fn find_installed(sources: &Sources, skip: Option<NetnsId>, parallelism: usize) -> std::io::Result<Vec<AdoptedEntry>> {
+async fn find_installed(
+    sources: &Sources,
+    skip: Option<NetnsId>,
+    parallelism: usize,
+) -> std::io::Result<Vec<AdoptedEntry>> {
     let sources = sources.clone();
     let (namespaces, inventories) = tokio::task::spawn_blocking(move || {
         let namespaces = netns::all_namespaces(&sources)?;
@@ -569,7 +595,9 @@ pub async fn cleanup(sources: &Sources, parallelism: usize) -> std::io::Result<(
         .map(|entry| async move {
             reconcile(&entry.netns, &entry.interface, &DesiredState::empty())
                 .await
-                .map(|_| tracing::info!(netns = %entry.netns.id(), interface = %entry.interface, "removed isthmus tree"))
+                .map(
+                    |_| tracing::info!(netns = %entry.netns.id(), interface = %entry.interface, "removed isthmus tree"),
+                )
                 .map_err(|e| format!("{} {}: {e}", entry.netns.id(), entry.interface))
         })
         .buffer_unordered(parallelism.max(1))

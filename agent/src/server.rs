@@ -54,7 +54,12 @@ pub struct TlsListener {
 }
 
 impl TlsListener {
-    pub fn new(tcp: TcpListener, tls: Arc<ReloadingTls>, identity: OperatorIdentity, metrics: Arc<Metrics>) -> std::io::Result<Self> {
+    pub fn new(
+        tcp: TcpListener,
+        tls: Arc<ReloadingTls>,
+        identity: OperatorIdentity,
+        metrics: Arc<Metrics>,
+    ) -> std::io::Result<Self> {
         let local = tcp.local_addr()?;
         let (sender, connections) = mpsc::channel(64);
         tokio::spawn(async move {
@@ -132,7 +137,12 @@ pub fn api_router(node: Arc<Node>) -> Router {
         .with_state(node)
 }
 
-async fn require_operator(State(node): State<Arc<Node>>, ConnectInfo(peer): ConnectInfo<Peer>, request: Request, next: Next) -> Response {
+async fn require_operator(
+    State(node): State<Arc<Node>>,
+    ConnectInfo(peer): ConnectInfo<Peer>,
+    request: Request,
+    next: Next,
+) -> Response {
     match &peer.authorized {
         Ok(()) => next.run(request).await,
         Err(reason) => {
@@ -214,7 +224,10 @@ pub fn health_router(health: Health) -> Router {
                 if let Some(node) = h.node.get() {
                     let _ = tokio::time::timeout(OBSERVE_ON_SCRAPE, node.observe()).await;
                 }
-                ([(axum::http::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], h.metrics.encode())
+                (
+                    [(axum::http::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+                    h.metrics.encode(),
+                )
             }),
         )
         .with_state(health)

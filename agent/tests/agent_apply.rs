@@ -120,7 +120,11 @@ async fn agent_apply_change_gc_shutdown_adopt_and_cleanup() {
     let bare = throughput(&t.pod, &t.dst1, t.dst1_ip);
 
     // v1: 20 Mbit/s towards dst1 only.
-    let v1 = NodePlan { node: NODE.into(), version: 1, pods: vec![pod("uid-p", "p", &[t.pod_ip], vec![(t.dst1_ip, rate(20_000_000))])] };
+    let v1 = NodePlan {
+        node: NODE.into(),
+        version: 1,
+        pods: vec![pod("uid-p", "p", &[t.pod_ip], vec![(t.dst1_ip, rate(20_000_000))])],
+    };
     let reply = client.apply(agent.api, &v1).await.unwrap();
     assert!(!reply.stale);
     assert_eq!(outcome(&reply.pods, "uid-p"), &PodOutcome::Applied, "{reply:?}");
@@ -128,7 +132,12 @@ async fn agent_apply_change_gc_shutdown_adopt_and_cleanup() {
     assert!(has_isthmus_root(&t.pod));
     let shaped = throughput(&t.pod, &t.dst1, t.dst1_ip);
     let other = throughput(&t.pod, &t.dst2, t.dst2_ip);
-    eprintln!("bare {:.0} Mbit/s, shaped {:.1} Mbit/s, other destination {:.0} Mbit/s", mbit(bare), mbit(shaped), mbit(other));
+    eprintln!(
+        "bare {:.0} Mbit/s, shaped {:.1} Mbit/s, other destination {:.0} Mbit/s",
+        mbit(bare),
+        mbit(shaped),
+        mbit(other)
+    );
     assert!((12e6..28e6).contains(&shaped), "20 Mbit/s limit measured {:.1} Mbit/s", mbit(shaped));
     assert!(other > 150e6, "unimpaired destination measured {:.1} Mbit/s", mbit(other));
 
@@ -138,7 +147,11 @@ async fn agent_apply_change_gc_shutdown_adopt_and_cleanup() {
     assert_eq!(again.pods[0].mutations, 0, "an unchanged plan mutates nothing: {again:?}");
 
     // v2: 60 Mbit/s.
-    let v2 = NodePlan { version: 2, pods: vec![pod("uid-p", "p", &[t.pod_ip], vec![(t.dst1_ip, rate(60_000_000))])], ..v1.clone() };
+    let v2 = NodePlan {
+        version: 2,
+        pods: vec![pod("uid-p", "p", &[t.pod_ip], vec![(t.dst1_ip, rate(60_000_000))])],
+        ..v1.clone()
+    };
     let reply = client.apply(agent.api, &v2).await.unwrap();
     assert_eq!(outcome(&reply.pods, "uid-p"), &PodOutcome::Applied);
     assert!(reply.pods[0].mutations > 0);
@@ -159,7 +172,10 @@ async fn agent_apply_change_gc_shutdown_adopt_and_cleanup() {
     assert!(matches!(err, ClientError::Status { status, .. } if status.as_u16() == 409), "{err}");
 
     // Per-pod errors never block the good pod. dst1 gets a root qdisc isthmus did not install.
-    t.dst1.tc(&["qdisc", "add", "dev", "eth0", "root", "handle", "7:", "tbf", "rate", "1gbit", "burst", "64kb", "latency", "50ms"]);
+    t.dst1.tc(&[
+        "qdisc", "add", "dev", "eth0", "root", "handle", "7:", "tbf", "rate", "1gbit", "burst", "64kb", "latency",
+        "50ms",
+    ]);
     let mut bad_interface = pod("uid-if", "badif", &[t.dst2_ip], vec![(t.pod_ip, rate(1_000_000))]);
     bad_interface.interface = "nope0".into();
     let mut host = pod("uid-host", "host", &[addr("10.0.0.1")], vec![(t.pod_ip, rate(1_000_000))]);
@@ -202,9 +218,14 @@ async fn agent_apply_change_gc_shutdown_adopt_and_cleanup() {
     let (_, metrics) = http_get(agent.health, "/metrics").unwrap();
     let line = metrics
         .lines()
-        .find(|l| l.starts_with("isthmus_link_bytes_total{") && l.contains(&format!("destination=\"{}/32\"", t.dst2_ip)))
+        .find(|l| {
+            l.starts_with("isthmus_link_bytes_total{") && l.contains(&format!("destination=\"{}/32\"", t.dst2_ip))
+        })
         .unwrap_or_else(|| panic!("no per-link metric: {metrics}"));
-    assert!(line.contains("link_name=\"l1\"") && line.contains("pod_name=\"p\"") && line.contains("direction=\"forward\""), "{line}");
+    assert!(
+        line.contains("link_name=\"l1\"") && line.contains("pod_name=\"p\"") && line.contains("direction=\"forward\""),
+        "{line}"
+    );
     assert!(metrics.contains("isthmus_agent_pod_errors_total{kind=\"ForeignQdisc\"} 1"), "{metrics}");
 
     // v4 drops the pod: its tree is removed; the foreign qdisc stays.
@@ -226,7 +247,8 @@ async fn agent_apply_change_gc_shutdown_adopt_and_cleanup() {
     };
     let reply = client.apply(agent.api, &v5).await.unwrap();
     assert!(reply.pods.iter().all(|r| r.outcome == PodOutcome::Applied), "{reply:?}");
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(agent.child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(agent.child.id() as i32), nix::sys::signal::Signal::SIGTERM)
+        .unwrap();
     let status = agent.child.wait().unwrap();
     assert!(status.success(), "graceful exit: {status}");
     assert!(agent.log_text().contains("impairments stay installed"));

@@ -41,7 +41,8 @@ async fn call_without_client_cert(agent: SocketAddr, ca_pem: &[u8]) -> Result<St
         .with_no_client_auth();
     let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
     let tcp = tokio::net::TcpStream::connect(agent).await.map_err(|e| e.to_string())?;
-    let mut tls = connector.connect(ServerName::try_from(SERVER_NAME).unwrap(), tcp).await.map_err(|e| e.to_string())?;
+    let mut tls =
+        connector.connect(ServerName::try_from(SERVER_NAME).unwrap(), tcp).await.map_err(|e| e.to_string())?;
     // With TLS 1.3 the server's refusal arrives after the client's side of the handshake: on first use.
     tls.write_all(b"GET /v1/capabilities HTTP/1.1\r\nHost: isthmus-agent\r\nConnection: close\r\n\r\n")
         .await
@@ -68,7 +69,10 @@ async fn agent_auth_only_the_operator_is_served() {
     // No client certificate: the handshake is refused.
     let ca_pem = std::fs::read(certs.agent_dir().join("ca.crt")).unwrap();
     let no_cert = call_without_client_cert(agent.api, &ca_pem).await;
-    assert!(no_cert.as_ref().is_err_and(|e| e.contains("CertificateRequired") || e.contains("certificate")), "{no_cert:?}");
+    assert!(
+        no_cert.as_ref().is_err_and(|e| e.contains("CertificateRequired") || e.contains("certificate")),
+        "{no_cert:?}"
+    );
 
     // A certificate for the operator's name from another CA: the handshake is refused.
     let rogue = Pki::new("rogue CA");

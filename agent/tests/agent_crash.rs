@@ -32,7 +32,11 @@ fn plan(fleet: &Fleet, version: u64, pods: usize, shift: usize, rate_base: u64) 
                     .map(|d| DestinationPlan {
                         destination: IpNet::from(IpAddr::from([10, 243, (d / 250) as u8, (d % 250 + 1) as u8])),
                         impairment: Impairment { rate_bps: Some(rate_base + d as u64 * 1000), ..Default::default() },
-                        link: LinkRef { namespace: "default".into(), name: "big".into(), direction: Direction::Forward },
+                        link: LinkRef {
+                            namespace: "default".into(),
+                            name: "big".into(),
+                            direction: Direction::Forward,
+                        },
                     })
                     .collect(),
             })
@@ -82,7 +86,11 @@ async fn agent_crash_kill9_mid_apply_then_converge() {
     let complete_classes = DESTINATIONS + 1; // a class per destination and the default class
     let incomplete = touched.iter().filter(|i| count_tc(&fleet.pods[**i], "class", "htb") < complete_classes).count();
     eprintln!("at the kill: {} of {PODS} pods had a tree, {incomplete} of them incomplete", touched.len());
-    assert!(!touched.is_empty() && touched.len() < PODS, "the kill must land mid-apply ({} pods touched)", touched.len());
+    assert!(
+        !touched.is_empty() && touched.len() < PODS,
+        "the kill must land mid-apply ({} pods touched)",
+        touched.len()
+    );
     drop(agent);
 
     // Restart: whatever was installed is adopted untouched.
@@ -102,12 +110,24 @@ async fn agent_crash_kill9_mid_apply_then_converge() {
     assert_eq!(observed.pods.len(), wanted);
     for (i, pod) in next.pods.iter().enumerate() {
         let want: BTreeSet<IpNet> = pod.destinations.iter().map(|d| d.destination).collect();
-        let got: BTreeSet<IpNet> = observed.pods.iter().find(|p| p.uid == pod.uid).unwrap().destinations.iter().map(|d| d.destination).collect();
+        let got: BTreeSet<IpNet> = observed
+            .pods
+            .iter()
+            .find(|p| p.uid == pod.uid)
+            .unwrap()
+            .destinations
+            .iter()
+            .map(|d| d.destination)
+            .collect();
         assert_eq!(got, want, "pod {i}: installed destinations differ from the plan");
     }
     // Counted independently with iproute2: identical trees everywhere, whether the pod was complete,
     // half-built or untouched at the kill; nothing at all on the pods no longer wanted.
-    let reference = (count_tc(&fleet.pods[0], "class", ""), count_tc(&fleet.pods[0], "qdisc", ""), count_tc(&fleet.pods[0], "filter", ""));
+    let reference = (
+        count_tc(&fleet.pods[0], "class", ""),
+        count_tc(&fleet.pods[0], "qdisc", ""),
+        count_tc(&fleet.pods[0], "filter", ""),
+    );
     assert_eq!(count_tc(&fleet.pods[0], "class", "htb"), complete_classes);
     for i in 0..wanted {
         let ns = &fleet.pods[i];
@@ -117,7 +137,12 @@ async fn agent_crash_kill9_mid_apply_then_converge() {
         assert!(qdiscs.contains("rate 20") && !qdiscs.contains("rate 10"), "pod {i}: new rates in force: {qdiscs}");
     }
     for i in wanted..PODS {
-        assert_eq!(count_tc(&fleet.pods[i], "qdisc", "htb"), 0, "pod {i} is no longer wanted: {}", fleet.pods[i].qdiscs("eth0"));
+        assert_eq!(
+            count_tc(&fleet.pods[i], "qdisc", "htb"),
+            0,
+            "pod {i} is no longer wanted: {}",
+            fleet.pods[i].qdiscs("eth0")
+        );
     }
     drop(agent);
 }

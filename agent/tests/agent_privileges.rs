@@ -8,7 +8,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use agent_common::{Agent, AgentOptions, Ns, TempDir, TestCerts, effective_caps, ip, unique, veth};
-use isthmus_agent_api::{DestinationPlan, Direction, Impairment, LinkRef, NodePlan, PodErrorKind, PodOutcome, PodPlan, PodResult};
+use isthmus_agent_api::{
+    DestinationPlan, Direction, Impairment, LinkRef, NodePlan, PodErrorKind, PodOutcome, PodPlan, PodResult,
+};
 
 const NODE: &str = "node-priv";
 
@@ -62,7 +64,16 @@ async fn agent_privileges_net_admin_sys_admin_sys_ptrace_suffice_and_each_is_nee
     // A container process running as another user (nobody) in a namespace reachable only through /proc.
     let sleeper = KillOnDrop(
         Command::new("unshare")
-            .args(["--net", "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", "sleep", "120"])
+            .args([
+                "--net",
+                "setpriv",
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "--inh-caps=-all",
+                "sleep",
+                "120",
+            ])
             .stdout(Stdio::null())
             .spawn()
             .unwrap(),
@@ -79,7 +90,20 @@ async fn agent_privileges_net_admin_sys_admin_sys_ptrace_suffice_and_each_is_nee
     }
     let peer2 = Ns::new("isth-ap-peer2-");
     let inside = unique("vp");
-    ip(&["link", "add", &inside, "netns", &pid.to_string(), "type", "veth", "peer", "name", "eth0", "netns", &peer2.name]);
+    ip(&[
+        "link",
+        "add",
+        &inside,
+        "netns",
+        &pid.to_string(),
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "eth0",
+        "netns",
+        &peer2.name,
+    ]);
     let process_ip: IpAddr = format!("10.247.{k}.2").parse().unwrap();
     for args in [
         vec!["link", "set", inside.as_str(), "name", "eth0"],
@@ -133,10 +157,18 @@ async fn agent_privileges_net_admin_sys_admin_sys_ptrace_suffice_and_each_is_nee
     assert_eq!(kind(&no_ptrace, "process"), Some(PodErrorKind::PodNotFound), "another user's process needs SYS_PTRACE");
 
     let no_sys_admin = apply_with(&["cap_net_admin", "cap_sys_ptrace"]).await;
-    assert_eq!(kind(&no_sys_admin, "pinned"), Some(PodErrorKind::PodNotFound), "entering a namespace needs SYS_ADMIN: {no_sys_admin:?}");
+    assert_eq!(
+        kind(&no_sys_admin, "pinned"),
+        Some(PodErrorKind::PodNotFound),
+        "entering a namespace needs SYS_ADMIN: {no_sys_admin:?}"
+    );
 
     let no_net_admin = apply_with(&["cap_sys_admin", "cap_sys_ptrace"]).await;
-    assert_eq!(kind(&no_net_admin, "pinned"), Some(PodErrorKind::Kernel), "changing qdiscs needs NET_ADMIN: {no_net_admin:?}");
+    assert_eq!(
+        kind(&no_net_admin, "pinned"),
+        Some(PodErrorKind::Kernel),
+        "changing qdiscs needs NET_ADMIN: {no_net_admin:?}"
+    );
     assert!(!pinned_pod.qdiscs("eth0").contains("htb"));
     drop(sleeper);
 }

@@ -84,9 +84,9 @@ async fn reconcile_is_idempotent_changes_in_place_removes_and_restores_the_inter
     let installed = datapath.installed("va").await.unwrap().expect("isthmus tree");
     assert_eq!(installed, a, "the installed tree reads back as the desired state");
 
-    let faster = DesiredState::new(a.destinations().map(|(d, i)| {
-        (*d, if *d == net("10.77.0.3/32") { rate(40_000_000) } else { i.clone() })
-    }))
+    let faster = DesiredState::new(
+        a.destinations().map(|(d, i)| (*d, if *d == net("10.77.0.3/32") { rate(40_000_000) } else { i.clone() })),
+    )
     .unwrap();
     let qdisc_before = tc(&pair.a, &["qdisc", "show", "dev", "va"]);
     let change = datapath.reconcile("va", &faster).await.unwrap();
@@ -95,9 +95,16 @@ async fn reconcile_is_idempotent_changes_in_place_removes_and_restores_the_inter
     assert!(qdisc_after.contains("rate 40Mbit") && !qdisc_after.contains("rate 20Mbit"), "{qdisc_after}");
     assert_eq!(qdisc_before.lines().count(), qdisc_after.lines().count());
 
-    let fewer = DesiredState::new(faster.destinations().filter(|(d, _)| **d != net("10.77.0.2/32")).map(|(d, i)| (*d, i.clone()))).unwrap();
+    let fewer = DesiredState::new(
+        faster.destinations().filter(|(d, _)| **d != net("10.77.0.2/32")).map(|(d, i)| (*d, i.clone())),
+    )
+    .unwrap();
     let removal = datapath.reconcile("va", &fewer).await.unwrap();
-    assert_eq!((removal.deleted, removal.mutations), (2, 2), "its filter, then its class (taking its TBF): {removal:?}");
+    assert_eq!(
+        (removal.deleted, removal.mutations),
+        (2, 2),
+        "its filter, then its class (taking its TBF): {removal:?}"
+    );
     let filters = tc(&pair.a, &["filter", "show", "dev", "va"]);
     assert!(!filters.contains("0a4d0002/ffffffff"), "filter for 10.77.0.2 still there:\n{filters}");
     assert!(filters.contains("0a4d0003/ffffffff"), "filter for 10.77.0.3 gone:\n{filters}");
@@ -116,7 +123,10 @@ async fn reconcile_is_idempotent_changes_in_place_removes_and_restores_the_inter
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_foreign_root_qdisc_is_reported_and_left_untouched() {
     let pair = Pair::new("foreign");
-    support::run(&["ip", "netns", "exec", &pair.a, "tc", "qdisc", "add", "dev", "va", "root", "handle", "1:", "htb", "default", "1"]);
+    support::run(&[
+        "ip", "netns", "exec", &pair.a, "tc", "qdisc", "add", "dev", "va", "root", "handle", "1:", "htb", "default",
+        "1",
+    ]);
     // Without the traffic counter that IPv6 housekeeping packets move.
     let root = || {
         let text = tc(&pair.a, &["qdisc", "show", "dev", "va"]);
@@ -193,7 +203,12 @@ async fn a_thousand_destinations_install_idempotently_and_classify_the_last_one(
     let datapath = pair.datapath().await;
     // 999 destinations elsewhere, spread over all hash buckets, then the peer's real address last.
     let mut destinations: Vec<(IpNet, Impairment)> = (0..999u32)
-        .map(|i| (IpNet::from(IpAddr::from(std::net::Ipv4Addr::from(0x0a10_0000 + i * 7))), rate(1_000_000 + u64::from(i) * 1000)))
+        .map(|i| {
+            (
+                IpNet::from(IpAddr::from(std::net::Ipv4Addr::from(0x0a10_0000 + i * 7))),
+                rate(1_000_000 + u64::from(i) * 1000),
+            )
+        })
         .collect();
     destinations.push((net("10.77.0.2/32"), rate(100_000_000)));
     let desired = DesiredState::new(destinations).unwrap();
@@ -233,7 +248,12 @@ async fn the_probe_finds_this_kernels_qdiscs_in_a_scratch_namespace() {
     let own = std::fs::metadata("/proc/self/ns/net").map(|m| std::os::unix::fs::MetadataExt::ino(&m)).unwrap();
     for t in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
         if let Ok(m) = std::fs::metadata(t.path().join("ns/net")) {
-            assert_eq!(std::os::unix::fs::MetadataExt::ino(&m), own, "thread {:?} left in another namespace", t.file_name());
+            assert_eq!(
+                std::os::unix::fs::MetadataExt::ino(&m),
+                own,
+                "thread {:?} left in another namespace",
+                t.file_name()
+            );
         }
     }
 }
@@ -243,7 +263,8 @@ async fn open_enters_the_namespace_without_moving_runtime_threads() {
     let pair = Pair::new("enter");
     let own = std::fs::metadata("/proc/self/ns/net").map(|m| std::os::unix::fs::MetadataExt::ino(&m)).unwrap();
     let datapath = pair.datapath().await;
-    let target = std::fs::metadata(format!("/run/netns/{}", pair.a)).map(|m| std::os::unix::fs::MetadataExt::ino(&m)).unwrap();
+    let target =
+        std::fs::metadata(format!("/run/netns/{}", pair.a)).map(|m| std::os::unix::fs::MetadataExt::ino(&m)).unwrap();
     assert_eq!(datapath.netns(), format!("net:[{target}]"));
     // The interface exists only in the pod's namespace: the socket is there, the runtime is not.
     datapath.reconcile("va", &DesiredState::empty()).await.unwrap();
@@ -261,7 +282,10 @@ async fn open_enters_the_namespace_without_moving_runtime_threads() {
 fn entry_of(ns: &str, hex_address: &str) -> (String, String) {
     let filters = tc(ns, &["filter", "show", "dev", "va"]);
     let lines: Vec<&str> = filters.lines().collect();
-    let at = lines.iter().position(|l| l.contains(&format!("match {hex_address}/"))).unwrap_or_else(|| panic!("no entry for {hex_address}:\n{filters}"));
+    let at = lines
+        .iter()
+        .position(|l| l.contains(&format!("match {hex_address}/")))
+        .unwrap_or_else(|| panic!("no entry for {hex_address}:\n{filters}"));
     let header = lines[..at].iter().rev().find(|l| l.starts_with("filter ")).unwrap();
     let word_after = |w: &str| {
         // A terminal entry prints its class as "*flowid".
@@ -292,7 +316,8 @@ async fn update_follows_the_record_reconcile_repairs_drift_and_a_refused_update_
     ])
     .unwrap();
     let with = |state: &DesiredState, dst: &str, imp: Option<Impairment>| {
-        let mut m: std::collections::BTreeMap<IpNet, Impairment> = state.destinations().map(|(d, i)| (*d, i.clone())).collect();
+        let mut m: std::collections::BTreeMap<IpNet, Impairment> =
+            state.destinations().map(|(d, i)| (*d, i.clone())).collect();
         match imp {
             Some(i) => m.insert(net(dst), i),
             None => m.remove(&net(dst)),
@@ -347,7 +372,8 @@ async fn update_follows_the_record_reconcile_repairs_drift_and_a_refused_update_
 async fn a_replaced_interface_drops_the_record() {
     let pair = Pair::new("ifindex");
     let datapath = pair.datapath().await;
-    let desired = DesiredState::new([(net("10.77.0.2/32"), rate(10_000_000)), (net("10.99.0.0/16"), rate(5_000_000))]).unwrap();
+    let desired =
+        DesiredState::new([(net("10.77.0.2/32"), rate(10_000_000)), (net("10.99.0.0/16"), rate(5_000_000))]).unwrap();
     let install = datapath.reconcile("va", &desired).await.unwrap();
     assert_eq!(datapath.reconcile("va", &desired).await.unwrap().mutations, 0);
     assert_eq!(datapath.update("va", &desired).await.unwrap().mutations, 0);

@@ -70,7 +70,12 @@ fn pod(ns: &str, name: &str, app: &str, node: usize, n: u32) -> (ObjectKey, PodI
 fn link(ns: &str, name: &str, from: LabelSelector, to: LabelSelector) -> (ObjectKey, LinkInfo) {
     let spec = NetworkLinkSpec {
         from: FromSpec { pod_selector: from },
-        to: ToSpec { pod_selector: Some(to), namespace_selector: None, cidrs: vec![], services: ServiceInclusion::Matching },
+        to: ToSpec {
+            pod_selector: Some(to),
+            namespace_selector: None,
+            cidrs: vec![],
+            services: ServiceInclusion::Matching,
+        },
         impairment: Some(ImpairmentSpec {
             latency: Some("40ms".into()),
             jitter: Some("2ms".into()),

@@ -66,12 +66,8 @@ impl PodInfo {
     pub fn from_pod(pod: &Pod) -> (ObjectKey, PodInfo) {
         let key = ObjectKey::new(pod.namespace().unwrap_or_default(), pod.name_any());
         let status = pod.status.as_ref();
-        let mut ips: Vec<IpAddr> = status
-            .and_then(|s| s.pod_ips.as_ref())
-            .into_iter()
-            .flatten()
-            .filter_map(|ip| ip.ip.parse().ok())
-            .collect();
+        let mut ips: Vec<IpAddr> =
+            status.and_then(|s| s.pod_ips.as_ref()).into_iter().flatten().filter_map(|ip| ip.ip.parse().ok()).collect();
         if ips.is_empty()
             && let Some(ip) = status.and_then(|s| s.pod_ip.as_ref()).and_then(|ip| ip.parse().ok())
         {
@@ -104,12 +100,8 @@ impl ServiceInfo {
     pub fn from_service(svc: &Service) -> (ObjectKey, ServiceInfo) {
         let key = ObjectKey::new(svc.namespace().unwrap_or_default(), svc.name_any());
         let spec = svc.spec.as_ref();
-        let mut ips: Vec<IpAddr> = spec
-            .and_then(|s| s.cluster_ips.as_ref())
-            .into_iter()
-            .flatten()
-            .filter_map(|ip| ip.parse().ok())
-            .collect();
+        let mut ips: Vec<IpAddr> =
+            spec.and_then(|s| s.cluster_ips.as_ref()).into_iter().flatten().filter_map(|ip| ip.parse().ok()).collect();
         if ips.is_empty()
             && let Some(ip) = spec.and_then(|s| s.cluster_ip.as_ref()).and_then(|ip| ip.parse().ok())
         {
@@ -117,7 +109,11 @@ impl ServiceInfo {
         }
         let external_name = spec.and_then(|s| s.type_.as_deref()) == Some("ExternalName");
         let info = ServiceInfo {
-            selector: if external_name { Labels::new() } else { spec.and_then(|s| s.selector.clone()).unwrap_or_default() },
+            selector: if external_name {
+                Labels::new()
+            } else {
+                spec.and_then(|s| s.selector.clone()).unwrap_or_default()
+            },
             cluster_ips: if external_name { Vec::new() } else { ips },
         };
         (key, info)
@@ -243,18 +239,14 @@ pub struct Index {
 impl Index {
     /// The pods of one namespace, in name order.
     pub fn pods_in<'a>(&'a self, namespace: &'a str) -> impl Iterator<Item = (&'a ObjectKey, &'a PodInfo)> + 'a {
-        self.pods
-            .range(ObjectKey::new(namespace, "")..)
-            .take_while(move |(k, _)| k.namespace == namespace)
+        self.pods.range(ObjectKey::new(namespace, "")..).take_while(move |(k, _)| k.namespace == namespace)
     }
 
     pub fn services_in<'a>(
         &'a self,
         namespace: &'a str,
     ) -> impl Iterator<Item = (&'a ObjectKey, &'a ServiceInfo)> + 'a {
-        self.services
-            .range(ObjectKey::new(namespace, "")..)
-            .take_while(move |(k, _)| k.namespace == namespace)
+        self.services.range(ObjectKey::new(namespace, "")..).take_while(move |(k, _)| k.namespace == namespace)
     }
 
     /// The namespaces a link's `to.podSelector` looks in, in order.

@@ -89,7 +89,9 @@ async fn main() -> anyhow::Result<()> {
         let client = kube::Client::try_default().await.context("connecting to the Kubernetes API")?;
         let deleted = isthmus_operator::uninstall::delete_all_and_wait(client, Duration::from_secs(timeout_seconds))
             .await
-            .context("uninstall: deleting every NetworkLink and waiting for the operator to remove their impairments")?;
+            .context(
+                "uninstall: deleting every NetworkLink and waiting for the operator to remove their impairments",
+            )?;
         tracing::info!(deleted, "no NetworkLink left");
         return Ok(());
     }

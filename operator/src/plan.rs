@@ -89,10 +89,7 @@ pub struct Resolution {
 
 impl Resolution {
     fn sides(&self) -> impl Iterator<Item = (Direction, &Side)> {
-        self.forward
-            .iter()
-            .map(|s| (Direction::Forward, s))
-            .chain(self.reverse.iter().map(|s| (Direction::Reverse, s)))
+        self.forward.iter().map(|s| (Direction::Forward, s)).chain(self.reverse.iter().map(|s| (Direction::Reverse, s)))
     }
 
     /// Every source pod of either direction.
@@ -315,11 +312,8 @@ pub fn compute_pod<'a>(
         }
         link_stats.entry(winner.link.clone()).or_default().pairs += 1;
         if !others.is_empty() {
-            let losers: BTreeSet<&ObjectKey> = std::iter::once(&first)
-                .chain(others.iter())
-                .map(|c| c.link)
-                .filter(|l| *l != winner.link)
-                .collect();
+            let losers: BTreeSet<&ObjectKey> =
+                std::iter::once(&first).chain(others.iter()).map(|c| c.link).filter(|l| *l != winner.link).collect();
             for loser in losers {
                 link_stats.entry(winner.link.clone()).or_default().overlaps.entry(loser.clone()).or_default().0 += 1;
                 link_stats.entry(loser.clone()).or_default().overlaps.entry(winner.link.clone()).or_default().1 += 1;
@@ -359,9 +353,9 @@ struct NodeState {
 
 impl NodeState {
     fn position(&self, pod: &ObjectKey) -> Result<usize, usize> {
-        self.plan
-            .pods
-            .binary_search_by(|p| (p.namespace.as_str(), p.name.as_str()).cmp(&(pod.namespace.as_str(), pod.name.as_str())))
+        self.plan.pods.binary_search_by(|p| {
+            (p.namespace.as_str(), p.name.as_str()).cmp(&(pod.namespace.as_str(), pod.name.as_str()))
+        })
     }
 }
 
@@ -549,11 +543,8 @@ impl Planner {
         let mut changed_links: BTreeSet<ObjectKey> = BTreeSet::new();
         let mut memo = EndpointMemo::default();
         for link_key in std::mem::take(&mut self.dirty_links) {
-            let new = self
-                .index
-                .links
-                .get(&link_key)
-                .map(|info| resolve_link_with(&self.index, &link_key, info, &mut memo));
+            let new =
+                self.index.links.get(&link_key).map(|info| resolve_link_with(&self.index, &link_key, info, &mut memo));
             let old = self.resolutions.remove(&link_key);
             if old == new {
                 if let Some(old) = old {
@@ -584,8 +575,7 @@ impl Planner {
         let mut changed_nodes: BTreeSet<String> = BTreeSet::new();
         for pod in std::mem::take(&mut self.dirty_pods) {
             let links = self.pod_links.get(&pod);
-            let out =
-                compute_pod(&pod, links.into_iter().flatten().filter_map(|k| self.resolutions.get_key_value(k)));
+            let out = compute_pod(&pod, links.into_iter().flatten().filter_map(|k| self.resolutions.get_key_value(k)));
             let old_node = self.pod_nodes.get(&pod).cloned();
             let old = old_node.as_ref().and_then(|n| {
                 let state = self.nodes.get(n)?;
@@ -758,8 +748,7 @@ fn pod_touches_link(
     if sel.to_pods.as_ref().is_some_and(|s| s.matches(&pod.labels)) {
         return true;
     }
-    sel.services == ServiceInclusion::Matching
-        && index.services_in(&pod_key.namespace).any(|(_, svc)| svc.selects(pod))
+    sel.services == ServiceInclusion::Matching && index.services_in(&pod_key.namespace).any(|(_, svc)| svc.selects(pod))
 }
 
 impl LinkFacts {

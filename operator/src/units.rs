@@ -250,8 +250,10 @@ mod agreement {
 
     /// Strings built from the alphabet the patterns use, so both matching and near-miss inputs are frequent.
     fn unitish() -> impl Strategy<Value = String> {
-        prop::string::string_regex(r"[0-9]{0,15}(\.[0-9]{0,11})?(ns|us|ms|s|m|%|bit|kbit|Mbit|Gbit|Mbps|B|KiB|MiB|GiB|kB|)?")
-            .unwrap()
+        prop::string::string_regex(
+            r"[0-9]{0,15}(\.[0-9]{0,11})?(ns|us|ms|s|m|%|bit|kbit|Mbit|Gbit|Mbps|B|KiB|MiB|GiB|kB|)?",
+        )
+        .unwrap()
     }
 
     proptest! {

@@ -74,10 +74,22 @@ fn invalid_cases() -> Vec<(&'static str, Value, &'static str)> {
             imp(json!({"loss": {"correlation": "5%", "gilbertElliott": {"p": "1%", "r": "10%"}}})),
             "spec.impairment.loss.correlation",
         ),
-        ("bursty loss without r", imp(json!({"loss": {"gilbertElliott": {"p": "1%"}}})), "spec.impairment.loss.gilbertElliott.r"),
+        (
+            "bursty loss without r",
+            imp(json!({"loss": {"gilbertElliott": {"p": "1%"}}})),
+            "spec.impairment.loss.gilbertElliott.r",
+        ),
         ("duplicate without percent", imp(json!({"duplicate": {}})), "spec.impairment.duplicate.percent"),
-        ("corrupt percent not a number", imp(json!({"corrupt": {"percent": "abc%"}})), "spec.impairment.corrupt.percent"),
-        ("reorder without latency", json!({"impairment": {"latency": null, "reorder": {"percent": "5%"}}}), "spec.impairment.reorder"),
+        (
+            "corrupt percent not a number",
+            imp(json!({"corrupt": {"percent": "abc%"}})),
+            "spec.impairment.corrupt.percent",
+        ),
+        (
+            "reorder without latency",
+            json!({"impairment": {"latency": null, "reorder": {"percent": "5%"}}}),
+            "spec.impairment.reorder",
+        ),
         ("reorder gap with 0%", imp(json!({"reorder": {"percent": "0%", "gap": 5}})), "spec.impairment.reorder.gap"),
         ("reorder gap 0", imp(json!({"reorder": {"percent": "5%", "gap": 0}})), "spec.impairment.reorder.gap"),
         ("bandwidth in mbps", imp(json!({"bandwidth": "100mbps"})), "spec.impairment.bandwidth"),
@@ -99,10 +111,22 @@ fn invalid_cases() -> Vec<(&'static str, Value, &'static str)> {
             json!({"symmetric": true, "to": {"namespaceSelector": {}}}),
             "spec.to.namespaceSelector",
         ),
-        ("profile across namespaces", json!({"profile": "dsl", "to": {"namespaceSelector": {}}}), "spec.to.namespaceSelector"),
-        ("reverse towards CIDRs only", json!({"symmetric": true, "to": {"podSelector": null, "cidrs": ["10.0.0.0/8"]}}), "spec.to.podSelector"),
+        (
+            "profile across namespaces",
+            json!({"profile": "dsl", "to": {"namespaceSelector": {}}}),
+            "spec.to.namespaceSelector",
+        ),
+        (
+            "reverse towards CIDRs only",
+            json!({"symmetric": true, "to": {"podSelector": null, "cidrs": ["10.0.0.0/8"]}}),
+            "spec.to.podSelector",
+        ),
         ("empty to", json!({"to": {"podSelector": null}}), "spec.to"),
-        ("namespaceSelector without podSelector", json!({"to": {"podSelector": null, "namespaceSelector": {}, "cidrs": ["10.0.0.0/8"]}}), "spec.to.namespaceSelector"),
+        (
+            "namespaceSelector without podSelector",
+            json!({"to": {"podSelector": null, "namespaceSelector": {}, "cidrs": ["10.0.0.0/8"]}}),
+            "spec.to.namespaceSelector",
+        ),
         ("CIDR with host bits", json!({"to": {"cidrs": ["10.0.0.1/8"]}}), "spec.to.cidrs[0]"),
         ("CIDR not a CIDR", json!({"to": {"cidrs": ["10.0.0.0"]}}), "spec.to.cidrs[0]"),
         ("unknown profile", json!({"profile": "5g"}), "spec.profile"),
@@ -137,7 +161,10 @@ fn valid_cases() -> Vec<(&'static str, Value)> {
             }),
         ),
         ("symmetric", json!({"symmetric": true, "impairment": {"latency": "3600s", "jitter": "1s"}})),
-        ("one-way profile across namespaces", json!({"profile": "geo-satellite", "oneWay": true, "impairment": null, "to": {"namespaceSelector": {"matchLabels": {"env": "prod"}}}})),
+        (
+            "one-way profile across namespaces",
+            json!({"profile": "geo-satellite", "oneWay": true, "impairment": null, "to": {"namespaceSelector": {"matchLabels": {"env": "prod"}}}}),
+        ),
         ("bandwidth bounds", json!({"impairment": {"bandwidth": "8bit"}, "reverse": {"bandwidth": "1000Gbit"}})),
     ]
 }
@@ -227,7 +254,8 @@ async fn valid_manifests_round_trip() {
     let (client, ns) = client_and_namespace().await;
     let api: Api<NetworkLink> = Api::namespaced(client, &ns);
     for (i, (case, patch)) in valid_cases().into_iter().enumerate() {
-        let spec: NetworkLinkSpec = serde_json::from_value(merge(&base(), &patch)).unwrap_or_else(|e| panic!("{case}: {e}"));
+        let spec: NetworkLinkSpec =
+            serde_json::from_value(merge(&base(), &patch)).unwrap_or_else(|e| panic!("{case}: {e}"));
         let name = format!("valid-{i}");
         let mut obj = NetworkLink::new(&name, spec.clone());
         obj.meta_mut().namespace = Some(ns.clone());

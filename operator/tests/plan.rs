@@ -16,7 +16,8 @@ fn net(s: &str) -> IpNet {
 }
 
 fn dests(plan: &NodePlan, pod: &str) -> Vec<(String, Option<Duration>, String, Direction)> {
-    let p = plan.pods.iter().find(|p| p.name == pod).unwrap_or_else(|| panic!("{pod} not in the plan of {}", plan.node));
+    let p =
+        plan.pods.iter().find(|p| p.name == pod).unwrap_or_else(|| panic!("{pod} not in the plan of {}", plan.node));
     p.destinations
         .iter()
         .map(|d| (d.destination.to_string(), d.impairment.latency, d.link.name.clone(), d.link.direction))
@@ -113,10 +114,14 @@ fn host_network_pods_are_excluded_with_a_reason() {
     assert_eq!(plan.pods.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(), vec!["client"]);
     assert_eq!(dests(plan, "client").len(), 1, "the host-network server's node IP is not a destination");
     let facts = p.link_facts(&ObjectKey::new("ns", "l")).unwrap();
-    let excluded: Vec<_> = facts.exclusions.iter().map(|e| (e.pod.name.as_str(), e.reason, e.node.as_deref())).collect();
+    let excluded: Vec<_> =
+        facts.exclusions.iter().map(|e| (e.pod.name.as_str(), e.reason, e.node.as_deref())).collect();
     assert_eq!(
         excluded,
-        vec![("agent", ExclusionReason::HostNetwork, Some("n1")), ("node-exporter", ExclusionReason::HostNetwork, Some("n2"))]
+        vec![
+            ("agent", ExclusionReason::HostNetwork, Some("n1")),
+            ("node-exporter", ExclusionReason::HostNetwork, Some("n2"))
+        ]
     );
     assert!(facts.exclusions[0].message.contains("host's network"));
     let mut status = isthmus_operator::api::NetworkLinkStatus::default();

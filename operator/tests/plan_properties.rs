@@ -139,7 +139,12 @@ fn final_state(events: &[Event]) -> Vec<Event> {
         last.insert(e.key(), e.clone());
     }
     last.into_values()
-        .filter(|e| !matches!(e, Event::Pod(_, None) | Event::Namespace(_, None) | Event::Service(_, None) | Event::Link(_, None)))
+        .filter(|e| {
+            !matches!(
+                e,
+                Event::Pod(_, None) | Event::Namespace(_, None) | Event::Service(_, None) | Event::Link(_, None)
+            )
+        })
         .collect()
 }
 

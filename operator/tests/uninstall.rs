@@ -98,7 +98,10 @@ async fn uninstall_fails_naming_links_kept_by_finalizer_then_succeeds_once_they_
     assert!(!out.status.success(), "uninstall succeeded while finalizers remained; stderr:\n{stderr}");
     eprintln!("uninstall with finalizers left, as expected:\n{stderr}");
     for name in ["held-1", "held-2"] {
-        assert!(stderr.contains(&format!("{NAMESPACE}/{name} (finalizers: {FINALIZER})")), "{name} not named:\n{stderr}");
+        assert!(
+            stderr.contains(&format!("{NAMESPACE}/{name} (finalizers: {FINALIZER})")),
+            "{name} not named:\n{stderr}"
+        );
         let link = links.get(name).await.unwrap();
         assert!(link.metadata.deletion_timestamp.is_some(), "{name} was not deleted");
     }
@@ -114,7 +117,11 @@ async fn uninstall_fails_naming_links_kept_by_finalizer_then_succeeds_once_they_
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "uninstall failed although no finalizer remained; stderr:\n{stderr}");
     let left = all.list(&ListParams::default()).await.unwrap();
-    assert!(left.items.is_empty(), "NetworkLinks left: {:?}", left.items.iter().map(|l| &l.metadata.name).collect::<Vec<_>>());
+    assert!(
+        left.items.is_empty(),
+        "NetworkLinks left: {:?}",
+        left.items.iter().map(|l| &l.metadata.name).collect::<Vec<_>>()
+    );
 
     let _ = Api::<Namespace>::all(client).delete(NAMESPACE, &DeleteParams::default()).await;
 }

@@ -25,7 +25,9 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::{ApplyReply, CAPABILITIES_PATH, Capabilities, ErrorBody, NodePlan, OBSERVED_PATH, ObservedState, PLAN_PATH};
+use crate::{
+    ApplyReply, CAPABILITIES_PATH, Capabilities, ErrorBody, NodePlan, OBSERVED_PATH, ObservedState, PLAN_PATH,
+};
 
 /// The DNS name every agent's serving certificate carries, unless configured otherwise.
 pub const DEFAULT_AGENT_SERVER_NAME: &str = "isthmus-agent";
@@ -87,9 +89,10 @@ impl TlsMaterial {
     pub fn root_store(&self, files: &TlsFiles) -> Result<rustls::RootCertStore, TlsError> {
         let mut roots = rustls::RootCertStore::empty();
         for cert in self.ca_certificates(files)? {
-            roots
-                .add(cert)
-                .map_err(|e| TlsError::Pem { path: files.ca.clone(), reason: format!("unusable CA certificate: {e}") })?;
+            roots.add(cert).map_err(|e| TlsError::Pem {
+                path: files.ca.clone(),
+                reason: format!("unusable CA certificate: {e}"),
+            })?;
         }
         Ok(roots)
     }
@@ -269,12 +272,8 @@ impl AgentClient {
         let driver = tokio::spawn(connection);
         let response = sender.send_request(request).await.map_err(|source| ClientError::Http { agent, source })?;
         let status = response.status();
-        let bytes = response
-            .into_body()
-            .collect()
-            .await
-            .map_err(|source| ClientError::Http { agent, source })?
-            .to_bytes();
+        let bytes =
+            response.into_body().collect().await.map_err(|source| ClientError::Http { agent, source })?.to_bytes();
         drop(sender);
         driver.abort();
         Ok((status, bytes))

@@ -20,7 +20,10 @@ pub enum RootState {
     /// No root qdisc, or the kernel's default one (handle 0:), which the kernel restores when ours goes.
     Default,
     Isthmus,
-    Foreign { kind: String, handle: Handle },
+    Foreign {
+        kind: String,
+        handle: Handle,
+    },
 }
 
 /// u32 tables the kernel creates for each filter priority get htids from 0x800 up; their entries dump with
@@ -187,10 +190,8 @@ struct Tree<'a> {
 impl<'a> Tree<'a> {
     fn new(installed: impl IntoIterator<Item = &'a TcObject>) -> Tree<'a> {
         let objects: BTreeMap<Key, &TcObject> = installed.into_iter().map(|o| (key(o), o)).collect();
-        let classes: HashMap<u32, Key> = objects
-            .iter()
-            .filter_map(|(k, o)| matches!(o, TcObject::Class(_)).then_some((k.handle(), *k)))
-            .collect();
+        let classes: HashMap<u32, Key> =
+            objects.iter().filter_map(|(k, o)| matches!(o, TcObject::Class(_)).then_some((k.handle(), *k))).collect();
         let qdiscs: HashMap<u16, Key> = objects
             .iter()
             .filter_map(|(k, o)| match o {
@@ -219,10 +220,9 @@ impl<'a> Tree<'a> {
                 TcObject::Class(c) if c.parent == Handle::ROOT => qdiscs.get(&c.handle.major()).copied(),
                 TcObject::Class(c) => attached_to(c.parent),
                 TcObject::Filter(f) => match &f.kind {
-                    FilterKind::U32(u) if u.divisor.is_none() => tables
-                        .get(&(f.priority, f.protocol, u.handle >> 20))
-                        .copied()
-                        .or_else(|| attached_to(f.parent)),
+                    FilterKind::U32(u) if u.divisor.is_none() => {
+                        tables.get(&(f.priority, f.protocol, u.handle >> 20)).copied().or_else(|| attached_to(f.parent))
+                    }
                     _ => attached_to(f.parent),
                 },
             };
@@ -300,7 +300,8 @@ pub fn diff(installed: &[TcObject], desired: &[TcObject]) -> Vec<Operation> {
     // The parent/child links cost more than the rest of a small diff: only built when something goes.
     if !doomed.is_empty() {
         let tree = Tree::new(installed);
-        let mut doomed: Vec<(usize, Key, &TcObject)> = doomed.into_iter().map(|k| (tree.depth(k), k, current[&k])).collect();
+        let mut doomed: Vec<(usize, Key, &TcObject)> =
+            doomed.into_iter().map(|k| (tree.depth(k), k, current[&k])).collect();
         // Shallowest first, so an object whose ancestor is doomed too is recognised as cascaded and not sent;
         // a cascade only reaches deeper objects, so no later deletion swallows an earlier one.
         doomed.sort_by_key(|(depth, k, _)| (*depth, *k));
@@ -382,9 +383,7 @@ pub fn after(installed: Vec<TcObject>, operations: &[Operation]) -> Option<Vec<T
                     TcObject::Filter(Filter { kind: FilterKind::U32(was), .. }) => was.handle >> 20,
                     _ => return None,
                 },
-                None => *generated
-                    .get_or_insert_with(|| generated_tables(&objects))
-                    .get(&(f.priority, f.protocol))?,
+                None => *generated.get_or_insert_with(|| generated_tables(&objects)).get(&(f.priority, f.protocol))?,
             };
             u.handle |= htid << 20;
         }
@@ -480,7 +479,8 @@ pub(crate) mod sim {
                     TcObject::Class(c) => c.handle == h,
                     // TBF's inner class X:1 and a qdisc's own X:0.
                     TcObject::Qdisc(q) => {
-                        q.handle == h || (h.minor() == 1 && q.handle.major() == h.major() && matches!(q.kind, QdiscKind::Tbf(_)))
+                        q.handle == h
+                            || (h.minor() == 1 && q.handle.major() == h.major() && matches!(q.kind, QdiscKind::Tbf(_)))
                     }
                     TcObject::Filter(_) => false,
                 })
@@ -493,7 +493,13 @@ pub(crate) mod sim {
                     let mut o = o.clone();
                     let parent = match &o {
                         TcObject::Qdisc(q) => q.parent,
-                        TcObject::Class(c) => if c.parent == Handle::ROOT { Handle::new(c.handle.major(), 0) } else { c.parent },
+                        TcObject::Class(c) => {
+                            if c.parent == Handle::ROOT {
+                                Handle::new(c.handle.major(), 0)
+                            } else {
+                                c.parent
+                            }
+                        }
                         TcObject::Filter(f) => f.parent,
                     };
                     if !self.parent_exists(parent) {
@@ -669,7 +675,10 @@ mod tests {
         ])
         .unwrap();
         let ops = reconcile(&mut k, &b).unwrap();
-        assert!(matches!(ops.as_slice(), [Operation::Change(TcObject::Qdisc(Qdisc { kind: QdiscKind::Netem(n), .. }))] if n.latency_ns == 30_000_000), "{ops:?}");
+        assert!(
+            matches!(ops.as_slice(), [Operation::Change(TcObject::Qdisc(Qdisc { kind: QdiscKind::Netem(n), .. }))] if n.latency_ns == 30_000_000),
+            "{ops:?}"
+        );
         assert_installed_exactly(&k, &b);
     }
 
@@ -699,8 +708,11 @@ mod tests {
         })];
         assert_eq!(root_state(&foreign), RootState::Foreign { kind: "fq_codel".into(), handle: Handle::new(1, 0) });
         assert!(owned(&foreign).is_empty());
-        let default =
-            vec![TcObject::Qdisc(Qdisc { handle: Handle(0), parent: Handle::ROOT, kind: QdiscKind::Foreign("noqueue".into()) })];
+        let default = vec![TcObject::Qdisc(Qdisc {
+            handle: Handle(0),
+            parent: Handle::ROOT,
+            kind: QdiscKind::Foreign("noqueue".into()),
+        })];
         assert_eq!(root_state(&default), RootState::Default);
     }
 
@@ -717,21 +729,37 @@ mod tests {
 
     fn destination() -> impl Strategy<Value = IpNet> {
         prop_oneof![
-            (0u32..40).prop_map(|i| IpNet::from(std::net::IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000 + i * 37)))),
-            (0u32..6, 8u8..32).prop_map(|(i, len)| IpNet::new(std::net::Ipv4Addr::from(0x0a00_0000 + (i << 20)).into(), len).unwrap().trunc()),
-            (0u128..20).prop_map(|i| IpNet::from(std::net::IpAddr::from(std::net::Ipv6Addr::from(0xfd00_0000_0000_0000_0000_0000_0000_0000u128 + i * 255)))),
-            (0u128..4, 16u8..128).prop_map(|(i, len)| IpNet::new(std::net::Ipv6Addr::from(0xfd00u128 << 112 | i << 80).into(), len).unwrap().trunc()),
+            (0u32..40)
+                .prop_map(|i| IpNet::from(std::net::IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000 + i * 37)))),
+            (0u32..6, 8u8..32).prop_map(|(i, len)| IpNet::new(
+                std::net::Ipv4Addr::from(0x0a00_0000 + (i << 20)).into(),
+                len
+            )
+            .unwrap()
+            .trunc()),
+            (0u128..20).prop_map(|i| IpNet::from(std::net::IpAddr::from(std::net::Ipv6Addr::from(
+                0xfd00_0000_0000_0000_0000_0000_0000_0000u128 + i * 255
+            )))),
+            (0u128..4, 16u8..128).prop_map(|(i, len)| IpNet::new(
+                std::net::Ipv6Addr::from(0xfd00u128 << 112 | i << 80).into(),
+                len
+            )
+            .unwrap()
+            .trunc()),
         ]
     }
 
     fn desired_state() -> impl Strategy<Value = DesiredState> {
-        prop::collection::btree_map(destination(), impairment(), 0..24)
-            .prop_map(|m| DesiredState::new(m).unwrap())
+        prop::collection::btree_map(destination(), impairment(), 0..24).prop_map(|m| DesiredState::new(m).unwrap())
     }
 
     /// The fast path against the simulated kernel, as the I/O shell does it: diff against the record of what
     /// was last installed, no dump; returns the operations and the record afterwards.
-    fn update(kernel: &mut SimKernel, record: &[TcObject], desired: &DesiredState) -> Result<(Vec<Operation>, Option<Vec<TcObject>>), String> {
+    fn update(
+        kernel: &mut SimKernel,
+        record: &[TcObject],
+        desired: &DesiredState,
+    ) -> Result<(Vec<Operation>, Option<Vec<TcObject>>), String> {
         let slots = handles::assign_slots(desired.destinations().map(|(d, _)| d), &installed_destinations(record))
             .map_err(|e| format!("{e:?}"))?;
         let ops = diff(record, &tree::build(desired, &slots));

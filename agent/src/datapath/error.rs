@@ -35,7 +35,9 @@ pub enum DatapathError {
     KernelUnsupported { place: Place, kind: String, message: String },
 
     /// The kernel refuses a duplicating netem beside other netems on one interface (6.16+ and backports).
-    #[error("{place}: {message} (a duplicating destination cannot share an interface with other netem destinations on this kernel)")]
+    #[error(
+        "{place}: {message} (a duplicating destination cannot share an interface with other netem destinations on this kernel)"
+    )]
     DuplicateRestriction { place: Place, message: String },
 
     /// Any other error the kernel returned for a request, with its errno and extended-ack text.
@@ -70,7 +72,13 @@ impl DatapathError {
     }
 
     /// Classifies a kernel error reply for `operation` (e.g. "add qdisc netem 3000:") by errno and extack text.
-    pub(crate) fn from_kernel(place: Place, operation: String, kind: Option<&str>, errno: i32, message: String) -> Self {
+    pub(crate) fn from_kernel(
+        place: Place,
+        operation: String,
+        kind: Option<&str>,
+        errno: i32,
+        message: String,
+    ) -> Self {
         if message.contains("cannot mix duplicating netems") {
             return DatapathError::DuplicateRestriction { place, message };
         }
@@ -83,7 +91,8 @@ impl DatapathError {
             && let Some(kind) = kind
             && errno != libc::EEXIST
         {
-            let message = if message.is_empty() { std::io::Error::from_raw_os_error(errno).to_string() } else { message };
+            let message =
+                if message.is_empty() { std::io::Error::from_raw_os_error(errno).to_string() } else { message };
             return DatapathError::KernelUnsupported { place, kind: kind.to_owned(), message };
         }
         let message = if message.is_empty() { std::io::Error::from_raw_os_error(errno).to_string() } else { message };

@@ -113,9 +113,8 @@ pub fn assign_slots<'a>(
         }
     }
     let held_by_installed: BTreeSet<Slot> = installed.values().copied().collect();
-    let mut fresh = (0..MAX_DESTINATIONS)
-        .filter_map(Slot::new)
-        .filter(|s| !held_by_installed.contains(s) && !taken.contains(s));
+    let mut fresh =
+        (0..MAX_DESTINATIONS).filter_map(Slot::new).filter(|s| !held_by_installed.contains(s) && !taken.contains(s));
     let mut vacated = held_by_installed.iter().copied().filter(|s| !taken.contains(s)).collect::<Vec<_>>().into_iter();
     for dst in &desired {
         if assigned.contains_key(dst) {
@@ -173,8 +172,9 @@ mod tests {
 
     #[test]
     fn vacated_slots_are_reused_only_when_nothing_else_is_free() {
-        let all: Vec<IpNet> =
-            (0..MAX_DESTINATIONS as u32).map(|i| IpNet::from(std::net::IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000 + i)))).collect();
+        let all: Vec<IpNet> = (0..MAX_DESTINATIONS as u32)
+            .map(|i| IpNet::from(std::net::IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000 + i))))
+            .collect();
         let installed: BTreeMap<IpNet, Slot> =
             all.iter().enumerate().map(|(i, d)| (*d, Slot::new(i).unwrap())).collect();
         let mut desired = all.clone();

@@ -103,9 +103,11 @@ pub(crate) async fn open_in(netns: BorrowedFd<'_>) -> Result<NamespacedSocket, D
 
 /// Opens a route socket in the caller's own namespace.
 pub(crate) fn open_current() -> Result<NamespacedSocket, DatapathError> {
-    let netns = thread_netns_inode()
-        .map(identity)
-        .map_err(|source| DatapathError::Namespace { netns: "self".into(), action: "read /proc/thread-self/ns/net", source })?;
+    let netns = thread_netns_inode().map(identity).map_err(|source| DatapathError::Namespace {
+        netns: "self".into(),
+        action: "read /proc/thread-self/ns/net",
+        source,
+    })?;
     let socket = route_socket(&netns)?;
     Ok(NamespacedSocket { socket: into_tokio(socket), netns })
 }

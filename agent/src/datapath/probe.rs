@@ -42,12 +42,17 @@ async fn probe_in_scratch(caps: &mut Capabilities) -> Result<(), DatapathError> 
     let netem_qdisc = Qdisc {
         handle: slot(0).netem(),
         parent: Handle::ROOT,
-        kind: QdiscKind::Netem(tree::netem_for(&Impairment { latency: Some(Duration::from_millis(1)), ..Default::default() })),
+        kind: QdiscKind::Netem(tree::netem_for(&Impairment {
+            latency: Some(Duration::from_millis(1)),
+            ..Default::default()
+        })),
     };
     let tbf_qdisc = Qdisc {
         handle: slot(0).tbf(),
         parent: Handle::ROOT,
-        kind: QdiscKind::Tbf(tree::tbf_for(&Impairment { rate_bps: Some(1_000_000), ..Default::default() }).expect("rate")),
+        kind: QdiscKind::Tbf(
+            tree::tbf_for(&Impairment { rate_bps: Some(1_000_000), ..Default::default() }).expect("rate"),
+        ),
     };
     caps.tbf = try_root_qdisc(&datapath, &place, ifindex, tbf_qdisc).await?;
     caps.netem = try_root_qdisc(&datapath, &place, ifindex, netem_qdisc).await?;
@@ -94,7 +99,10 @@ async fn try_root_qdisc(datapath: &Datapath, place: &Place, ifindex: u32, qdisc:
 async fn duplicate_restricted(datapath: &Datapath) -> Result<bool, DatapathError> {
     let plain = Impairment { latency: Some(Duration::from_millis(1)), ..Default::default() };
     let duplicating = Impairment {
-        duplicate: Some(Correlated { percent: Percent::new("duplicate", 1.0).expect("valid"), correlation: Percent::ZERO }),
+        duplicate: Some(Correlated {
+            percent: Percent::new("duplicate", 1.0).expect("valid"),
+            correlation: Percent::ZERO,
+        }),
         ..plain.clone()
     };
     let two = DesiredState::new([

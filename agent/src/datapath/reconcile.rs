@@ -247,13 +247,19 @@ impl Datapath {
     }
 
     /// Sends `operations` in order, pipelined, and stops at the first refusal.
-    pub(crate) async fn send(&self, place: &Place, ifindex: u32, operations: Vec<Operation>) -> Result<(), DatapathError> {
+    pub(crate) async fn send(
+        &self,
+        place: &Place,
+        ifindex: u32,
+        operations: Vec<Operation>,
+    ) -> Result<(), DatapathError> {
         let requests = operations
             .iter()
             .map(|op| {
-                netlink::encode(op, ifindex)
-                    .map(|m| (op, m))
-                    .map_err(|e| DatapathError::Protocol { place: place.clone(), message: format!("{}: {e}", describe(op)) })
+                netlink::encode(op, ifindex).map(|m| (op, m)).map_err(|e| DatapathError::Protocol {
+                    place: place.clone(),
+                    message: format!("{}: {e}", describe(op)),
+                })
             })
             .collect::<Result<Vec<_>, _>>()?;
         let results = stream::iter(requests)
@@ -282,7 +288,10 @@ impl Datapath {
                         e.code,
                         e.message.unwrap_or_default(),
                     ),
-                    None => DatapathError::Protocol { place: place.clone(), message: format!("{}: {transport}", describe(op)) },
+                    None => DatapathError::Protocol {
+                        place: place.clone(),
+                        message: format!("{}: {transport}", describe(op)),
+                    },
                 });
             }
         }
@@ -300,7 +309,13 @@ impl Datapath {
                 let error = KernelError::from_error_message(&e, true);
                 match error {
                     Some(k) if k.code == libc::ENODEV => Err(DatapathError::InterfaceNotFound { place }),
-                    Some(k) => Err(DatapathError::from_kernel(place, "look up interface".into(), None, k.code, k.message.unwrap_or_default())),
+                    Some(k) => Err(DatapathError::from_kernel(
+                        place,
+                        "look up interface".into(),
+                        None,
+                        k.code,
+                        k.message.unwrap_or_default(),
+                    )),
                     None => Err(DatapathError::InterfaceNotFound { place }),
                 }
             }
@@ -330,7 +345,13 @@ impl Datapath {
         Ok(Dump { objects, counters })
     }
 
-    async fn dump_kind(&self, place: &Place, ifindex: u32, kind: Kind, parent: Handle) -> Result<Vec<TcMessage>, DatapathError> {
+    async fn dump_kind(
+        &self,
+        place: &Place,
+        ifindex: u32,
+        kind: Kind,
+        parent: Handle,
+    ) -> Result<Vec<TcMessage>, DatapathError> {
         let mut request = TcMessage::with_index(ifindex as i32);
         request.header.parent = TcHandle::from(parent.0);
         let payload = match kind {
@@ -350,7 +371,13 @@ impl Datapath {
         let mut out = Vec::with_capacity(replies.len());
         for reply in replies {
             if let Some(e) = KernelError::from_netlink_message(&reply) {
-                return Err(DatapathError::from_kernel(place.clone(), format!("dump {kind:?}"), None, e.code, e.message.unwrap_or_default()));
+                return Err(DatapathError::from_kernel(
+                    place.clone(),
+                    format!("dump {kind:?}"),
+                    None,
+                    e.code,
+                    e.message.unwrap_or_default(),
+                ));
             }
             if let NetlinkPayload::InnerMessage(
                 RouteNetlinkMessage::NewQueueDiscipline(m)

@@ -21,9 +21,7 @@ use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use isthmus_agent_api::{Correlated, Impairment, Loss, Percent, Reorder};
 
 use super::error::DatapathError;
-use super::handles::{
-    self, DEFAULT_CLASS, IPV4_HASH_TABLE, IPV6_HASH_TABLE, MAX_DESTINATIONS, ROOT_QDISC, Slot,
-};
+use super::handles::{self, DEFAULT_CLASS, IPV4_HASH_TABLE, IPV6_HASH_TABLE, MAX_DESTINATIONS, ROOT_QDISC, Slot};
 use super::model::*;
 
 /// Ceiling for classes that must not limit: far above any NIC or veth (a 10 Gbit/s ceiling was measured to
@@ -74,9 +72,7 @@ impl DesiredState {
         let mut map = BTreeMap::new();
         for (dst, impairment) in destinations {
             let net = dst.trunc();
-            impairment
-                .validate()
-                .map_err(|e| DatapathError::invalid(Some(net), e.field, e.reason))?;
+            impairment.validate().map_err(|e| DatapathError::invalid(Some(net), e.field, e.reason))?;
             check_representable(net, &impairment)?;
             if map.insert(net, impairment).is_some() {
                 return Err(DatapathError::invalid(
@@ -151,15 +147,18 @@ pub fn build(desired: &DesiredState, slots: &BTreeMap<IpNet, Slot>) -> Vec<TcObj
         }),
         TcObject::Class(unlimited_class(DEFAULT_CLASS)),
     ];
-    let mut by_slot: Vec<(Slot, &IpNet, &Impairment)> =
-        desired.destinations().map(|(d, i)| (slots[d], d, i)).collect();
+    let mut by_slot: Vec<(Slot, &IpNet, &Impairment)> = desired.destinations().map(|(d, i)| (slots[d], d, i)).collect();
     by_slot.sort_by_key(|(s, _, _)| *s);
 
     for &(slot, _, imp) in &by_slot {
         objects.push(TcObject::Class(unlimited_class(slot.class())));
         let mut netem_parent = slot.class();
         if let Some(tbf) = tbf_for(imp) {
-            objects.push(TcObject::Qdisc(Qdisc { handle: slot.tbf(), parent: slot.class(), kind: QdiscKind::Tbf(tbf) }));
+            objects.push(TcObject::Qdisc(Qdisc {
+                handle: slot.tbf(),
+                parent: slot.class(),
+                kind: QdiscKind::Tbf(tbf),
+            }));
             netem_parent = slot.tbf_inner();
         }
         if imp.needs_netem() {
@@ -171,8 +170,10 @@ pub fn build(desired: &DesiredState, slots: &BTreeMap<IpNet, Slot>) -> Vec<TcObj
         }
     }
 
-    let hosts_v4: Vec<_> = by_slot.iter().filter(|(_, d, _)| matches!(d, IpNet::V4(n) if n.prefix_len() == 32)).collect();
-    let hosts_v6: Vec<_> = by_slot.iter().filter(|(_, d, _)| matches!(d, IpNet::V6(n) if n.prefix_len() == 128)).collect();
+    let hosts_v4: Vec<_> =
+        by_slot.iter().filter(|(_, d, _)| matches!(d, IpNet::V4(n) if n.prefix_len() == 32)).collect();
+    let hosts_v6: Vec<_> =
+        by_slot.iter().filter(|(_, d, _)| matches!(d, IpNet::V6(n) if n.prefix_len() == 128)).collect();
     for (family_hosts, table, priority, protocol, hash_offset) in [
         (&hosts_v4, IPV4_HASH_TABLE, HOST_V4_PRIORITY, ETH_P_IP, IPV4_DST_OFFSET),
         (&hosts_v6, IPV6_HASH_TABLE, HOST_V6_PRIORITY, ETH_P_IPV6, IPV6_DST_OFFSET + 12),
@@ -180,7 +181,8 @@ pub fn build(desired: &DesiredState, slots: &BTreeMap<IpNet, Slot>) -> Vec<TcObj
         if family_hosts.is_empty() {
             continue;
         }
-        let filter = |u32f| TcObject::Filter(Filter { parent: ROOT_QDISC, priority, protocol, kind: FilterKind::U32(u32f) });
+        let filter =
+            |u32f| TcObject::Filter(Filter { parent: ROOT_QDISC, priority, protocol, kind: FilterKind::U32(u32f) });
         objects.push(filter(U32Filter {
             handle: table << 20,
             divisor: Some(256),
@@ -292,7 +294,9 @@ fn last_byte(addr: IpAddr) -> u8 {
 /// u32 keys matching the destination address against `dst` (host or prefix).
 pub fn match_keys(dst: IpNet) -> Vec<U32Key> {
     match dst {
-        IpNet::V4(n) => vec![U32Key { mask: u32::from(n.netmask()), value: u32::from(n.network()), offset: IPV4_DST_OFFSET }],
+        IpNet::V4(n) => {
+            vec![U32Key { mask: u32::from(n.netmask()), value: u32::from(n.network()), offset: IPV4_DST_OFFSET }]
+        }
         IpNet::V6(n) => {
             let mask = u128::from(n.netmask());
             let value = u128::from(n.network());
@@ -494,9 +498,10 @@ pub fn impairment_of(tbf: Option<&Tbf>, netem: Option<&Netem>) -> Impairment {
         });
         imp.loss = match n.loss {
             NetemLoss::None => None,
-            NetemLoss::Random { probability, correlation } => {
-                Some(Loss::Random(Correlated { percent: percent_from_kernel(probability), correlation: percent_from_kernel(correlation) }))
-            }
+            NetemLoss::Random { probability, correlation } => Some(Loss::Random(Correlated {
+                percent: percent_from_kernel(probability),
+                correlation: percent_from_kernel(correlation),
+            })),
             NetemLoss::GilbertElliott { p, r, h, k1 } => Some(Loss::GilbertElliott {
                 p: percent_from_kernel(p),
                 r: percent_from_kernel(r),
@@ -551,7 +556,8 @@ mod tests {
         assert!(text.contains("rate") && text.contains("275 s"), "{text}");
 
         let too_many = DesiredState::new(
-            (0..=MAX_DESTINATIONS as u32).map(|i| (IpNet::from(IpAddr::from(Ipv4Addr::from(0x0a00_0000 + i))), Impairment::default())),
+            (0..=MAX_DESTINATIONS as u32)
+                .map(|i| (IpNet::from(IpAddr::from(Ipv4Addr::from(0x0a00_0000 + i))), Impairment::default())),
         );
         assert!(too_many.unwrap_err().to_string().contains("more than 4095 destinations"));
     }
@@ -596,7 +602,9 @@ mod tests {
         // Every parent appears before its child.
         let position = |h: Handle| {
             objects.iter().position(|o| match o {
-                TcObject::Qdisc(q) => q.handle == h || (h.minor() != 0 && q.handle == Handle::new(h.major(), 0) && q.handle != ROOT_QDISC),
+                TcObject::Qdisc(q) => {
+                    q.handle == h || (h.minor() != 0 && q.handle == Handle::new(h.major(), 0) && q.handle != ROOT_QDISC)
+                }
                 TcObject::Class(c) => c.handle == h,
                 _ => false,
             })
@@ -611,7 +619,9 @@ mod tests {
                 assert!(position(parent).unwrap() < i, "{o:?} before its parent");
             }
         }
-        assert!(matches!(objects.last(), Some(TcObject::Filter(f)) if f.priority == CATCH_ALL_PRIORITY && f.protocol == ETH_P_ALL));
+        assert!(
+            matches!(objects.last(), Some(TcObject::Filter(f)) if f.priority == CATCH_ALL_PRIORITY && f.protocol == ETH_P_ALL)
+        );
     }
 
     #[test]
@@ -645,7 +655,8 @@ mod tests {
 
         let (p24, p8) = (entry("10.0.0.0/24").priority, entry("10.0.0.0/8").priority);
         assert!(HOST_V4_PRIORITY < p24 && p24 < p8 && p8 < CATCH_ALL_PRIORITY, "host < /24 < /8 < catch-all");
-        let links: Vec<_> = filters.iter().filter(|f| matches!(&f.kind, FilterKind::U32(u) if u.link.is_some())).collect();
+        let links: Vec<_> =
+            filters.iter().filter(|f| matches!(&f.kind, FilterKind::U32(u) if u.link.is_some())).collect();
         assert_eq!(links.len(), 2);
         for l in links {
             let FilterKind::U32(u) = &l.kind else { unreachable!() };
@@ -658,7 +669,16 @@ mod tests {
 
     #[test]
     fn match_keys_round_trip_for_hosts_and_prefixes() {
-        for s in ["10.1.2.3/32", "10.1.0.0/16", "0.0.0.0/0", "fd00::/8", "2001:db8::1/128", "::/0", "2001:db8:1:2::/64", "2001:db8::/33"] {
+        for s in [
+            "10.1.2.3/32",
+            "10.1.0.0/16",
+            "0.0.0.0/0",
+            "fd00::/8",
+            "2001:db8::1/128",
+            "::/0",
+            "2001:db8:1:2::/64",
+            "2001:db8::/33",
+        ] {
             let n = net(s);
             let proto = if n.addr().is_ipv4() { ETH_P_IP } else { ETH_P_IPV6 };
             assert_eq!(destination_of_keys(proto, &match_keys(n)), Some(n), "{s}");

@@ -216,8 +216,11 @@ impl Pki {
         let key = rcgen::KeyPair::generate().unwrap();
         let mut params = rcgen::CertificateParams::new(vec![dns_name.to_owned()]).unwrap();
         params.distinguished_name.push(rcgen::DnType::CommonName, dns_name);
-        params.extended_key_usages =
-            vec![if server { rcgen::ExtendedKeyUsagePurpose::ServerAuth } else { rcgen::ExtendedKeyUsagePurpose::ClientAuth }];
+        params.extended_key_usages = vec![if server {
+            rcgen::ExtendedKeyUsagePurpose::ServerAuth
+        } else {
+            rcgen::ExtendedKeyUsagePurpose::ClientAuth
+        }];
         let cert = params.signed_by(&key, &self.ca_cert, &self.ca_key).unwrap();
         (cert.pem(), key.serialize_pem())
     }
@@ -300,10 +303,15 @@ impl Agent {
         let mut cmd = match keep {
             None => Command::new(env!("CARGO_BIN_EXE_isthmus-agent")),
             Some(keep) => {
-                let drop: Vec<String> = all_capabilities().into_iter().filter(|c| !keep.contains(&c.as_str())).collect();
+                let drop: Vec<String> =
+                    all_capabilities().into_iter().filter(|c| !keep.contains(&c.as_str())).collect();
                 let mut cmd = Command::new("capsh");
-                cmd.arg(format!("--drop={}", drop.join(",")))
-                    .args(["--", "-c", "exec \"$0\" \"$@\"", env!("CARGO_BIN_EXE_isthmus-agent")]);
+                cmd.arg(format!("--drop={}", drop.join(","))).args([
+                    "--",
+                    "-c",
+                    "exec \"$0\" \"$@\"",
+                    env!("CARGO_BIN_EXE_isthmus-agent"),
+                ]);
                 cmd
             }
         };
@@ -411,7 +419,10 @@ impl Fleet {
         for i in 0..count {
             let ns = Ns::new_pinned(&format!("{prefix}p-"), dir);
             let host_side = format!("h{i}");
-            ip(&["link", "add", &host_side, "netns", &hub.name, "type", "veth", "peer", "name", "eth0", "netns", &ns.name]);
+            ip(&[
+                "link", "add", &host_side, "netns", &hub.name, "type", "veth", "peer", "name", "eth0", "netns",
+                &ns.name,
+            ]);
             let addr = IpAddr::from([base[0], base[1], (i / 200) as u8, (i % 200 + 10) as u8]);
             ip(&["-n", &ns.name, "addr", "add", &format!("{addr}/16"), "dev", "eth0", "nodad"]);
             ip(&["-n", &ns.name, "link", "set", "eth0", "up"]);
@@ -431,7 +442,11 @@ pub fn count_tc(ns: &Ns, object: &str, needle: &str) -> usize {
 pub fn all_capabilities() -> Vec<String> {
     let out = run("capsh", &["--print"]);
     let line = out.lines().find(|l| l.starts_with("Bounding set =")).expect("capsh prints the bounding set");
-    line.trim_start_matches("Bounding set =").split(',').map(|c| c.trim().to_owned()).filter(|c| !c.is_empty()).collect()
+    line.trim_start_matches("Bounding set =")
+        .split(',')
+        .map(|c| c.trim().to_owned())
+        .filter(|c| !c.is_empty())
+        .collect()
 }
 
 /// Effective capabilities of a process (hex mask from /proc/<pid>/status).

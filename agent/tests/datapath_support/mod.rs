@@ -92,7 +92,8 @@ impl Pair {
     /// 0.5 s and 2.9 s after the first byte, so neither slow start nor the end of the transfer counts.
     pub fn tcp_goodput_bps(&self, dst: IpAddr, port: u16) -> f64 {
         let listener = in_netns(&self.b, || TcpListener::bind((dst, port))).unwrap();
-        let sender = in_netns(&self.a, || TcpStream::connect_timeout(&(dst, port).into(), Duration::from_secs(2))).unwrap();
+        let sender =
+            in_netns(&self.a, || TcpStream::connect_timeout(&(dst, port).into(), Duration::from_secs(2))).unwrap();
         let (mut receiver, _) = listener.accept().unwrap();
         receiver.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
         sender.set_write_timeout(Some(Duration::from_millis(200))).unwrap();
@@ -163,7 +164,8 @@ impl Pair {
             received
         });
         let start = Instant::now();
-        let mut sender = in_netns(&self.a, || TcpStream::connect_timeout(&(dst, port).into(), Duration::from_secs(2))).unwrap();
+        let mut sender =
+            in_netns(&self.a, || TcpStream::connect_timeout(&(dst, port).into(), Duration::from_secs(2))).unwrap();
         sender.set_write_timeout(Some(Duration::from_millis(200))).unwrap();
         let chunk = vec![0x5a_u8; 64 * 1024];
         let mut sent = 0u64;
@@ -176,7 +178,9 @@ impl Pair {
             }
         }
         sender.shutdown(std::net::Shutdown::Write).unwrap();
-        sender.set_read_timeout(Some(deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1)))).unwrap();
+        sender
+            .set_read_timeout(Some(deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1))))
+            .unwrap();
         let mut ack = [0u8; 1];
         sender.read_exact(&mut ack).expect("receiver's end-of-stream acknowledgement");
         let elapsed = start.elapsed();

@@ -32,7 +32,8 @@ struct Args {
 }
 
 fn parse_args() -> anyhow::Result<Args> {
-    let mut args = Args { list: false, filter: None, kernel: None, backend: Backend::Native, duplicate_restricted: None };
+    let mut args =
+        Args { list: false, filter: None, kernel: None, backend: Backend::Native, duplicate_restricted: None };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         let mut value = |flag: &str| it.next().ok_or_else(|| anyhow::anyhow!("{flag} needs a value"));

@@ -404,11 +404,20 @@ mod tests {
     use super::*;
 
     fn arrival(seq: u32, delay_ms: u64) -> Arrival {
-        Arrival { seq, sent_ns: u64::from(seq) * 1_000_000, received_ns: u64::from(seq) * 1_000_000 + delay_ms * 1_000_000 }
+        Arrival {
+            seq,
+            sent_ns: u64::from(seq) * 1_000_000,
+            received_ns: u64::from(seq) * 1_000_000 + delay_ms * 1_000_000,
+        }
     }
 
     fn result(sent: u32, seqs: &[u32]) -> StreamResult {
-        StreamResult { sent, payload: 100, arrivals: seqs.iter().map(|s| arrival(*s, 5)).collect(), ..Default::default() }
+        StreamResult {
+            sent,
+            payload: 100,
+            arrivals: seqs.iter().map(|s| arrival(*s, 5)).collect(),
+            ..Default::default()
+        }
     }
 
     #[test]

@@ -136,11 +136,7 @@ fn main() -> ExitCode {
 
 fn execute(command: Command) -> Result<()> {
     match command {
-        Command::Serve {
-            listen,
-            max_connections,
-            idle_timeout_secs,
-        } => {
+        Command::Serve { listen, max_connections, idle_timeout_secs } => {
             exit_on_termination_signals();
             serve::serve(serve::ServeOptions {
                 listen,
@@ -148,14 +144,7 @@ fn execute(command: Command) -> Result<()> {
                 idle_timeout: Duration::from_secs(idle_timeout_secs.max(1)),
             })
         }
-        Command::Rtt {
-            target,
-            proto,
-            count,
-            interval_ms,
-            timeout_ms,
-            size,
-        } => {
+        Command::Rtt { target, proto, count, interval_ms, timeout_ms, size } => {
             let report = rtt::run(&rtt::RttOptions {
                 target: resolve(&target)?,
                 proto: match proto {
@@ -170,17 +159,9 @@ fn execute(command: Command) -> Result<()> {
             println!("{report}");
             Ok(())
         }
-        Command::Throughput {
-            target,
-            seconds,
-            streams,
-            connect_timeout_ms,
-            drain_timeout_ms,
-        } => {
+        Command::Throughput { target, seconds, streams, connect_timeout_ms, drain_timeout_ms } => {
             if !seconds.is_finite() || seconds <= 0.0 || seconds > 3600.0 {
-                return Err(ProbeError::new(format!(
-                    "--seconds {seconds}: must be above 0 and at most 3600"
-                )));
+                return Err(ProbeError::new(format!("--seconds {seconds}: must be above 0 and at most 3600")));
             }
             let report = throughput::run(&throughput::ThroughputOptions {
                 target: resolve(&target)?,
@@ -198,11 +179,7 @@ fn execute(command: Command) -> Result<()> {
 fn resolve(target: &str) -> Result<SocketAddr> {
     target
         .to_socket_addrs()
-        .map_err(|e| {
-            ProbeError::new(format!(
-                "--target {target}: not an IP:PORT or resolvable HOST:PORT: {e}"
-            ))
-        })?
+        .map_err(|e| ProbeError::new(format!("--target {target}: not an IP:PORT or resolvable HOST:PORT: {e}")))?
         .next()
         .ok_or_else(|| ProbeError::new(format!("--target {target}: resolves to no address")))
 }
@@ -241,9 +218,6 @@ mod tests {
     fn unresolvable_targets_name_the_flag() {
         let err = resolve("not an address").unwrap_err().to_string();
         assert!(err.contains("--target"), "{err}");
-        assert_eq!(
-            resolve("127.0.0.1:7000").unwrap(),
-            "127.0.0.1:7000".parse().unwrap()
-        );
+        assert_eq!(resolve("127.0.0.1:7000").unwrap(), "127.0.0.1:7000".parse().unwrap());
     }
 }

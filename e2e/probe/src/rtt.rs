@@ -66,9 +66,7 @@ impl Transport for UdpTransport {
             let Some(wait) = remaining(deadline) else {
                 return Ok(None);
             };
-            self.socket
-                .set_read_timeout(Some(wait))
-                .context(|| "setting the UDP read timeout".into())?;
+            self.socket.set_read_timeout(Some(wait)).context(|| "setting the UDP read timeout".into())?;
             match self.socket.recv(&mut self.buf) {
                 Ok(len) => {
                     self.len = len;
@@ -92,9 +90,7 @@ struct TcpTransport {
 
 impl Transport for TcpTransport {
     fn send(&mut self, frame: &[u8]) -> Result<()> {
-        self.stream
-            .write_all(frame)
-            .context(|| "sending a TCP probe".into())
+        self.stream.write_all(frame).context(|| "sending a TCP probe".into())
     }
 
     fn recv(&mut self, deadline: Instant) -> Result<Option<&[u8]>> {
@@ -102,9 +98,7 @@ impl Transport for TcpTransport {
             let Some(wait) = remaining(deadline) else {
                 return Ok(None);
             };
-            self.stream
-                .set_read_timeout(Some(wait))
-                .context(|| "setting the TCP read timeout".into())?;
+            self.stream.set_read_timeout(Some(wait)).context(|| "setting the TCP read timeout".into())?;
             match self.stream.read(&mut self.read_buf) {
                 Ok(0) => return Err(ProbeError::new("the echo server closed the TCP connection")),
                 Ok(n) => self.pending.extend_from_slice(&self.read_buf[..n]),
@@ -120,10 +114,7 @@ impl Transport for TcpTransport {
 
 pub fn validate(options: &RttOptions) -> Result<()> {
     if options.count == 0 || options.count > 1_000_000 {
-        return Err(ProbeError::new(format!(
-            "--count {}: must be between 1 and 1000000",
-            options.count
-        )));
+        return Err(ProbeError::new(format!("--count {}: must be between 1 and 1000000", options.count)));
     }
     if options.interval > Duration::from_secs(60) {
         return Err(ProbeError::new("--interval-ms: must be at most 60000"));
@@ -147,28 +138,16 @@ pub fn run(options: &RttOptions) -> Result<Value> {
     let target = options.target;
     let mut transport: Box<dyn Transport> = match options.proto {
         Proto::Udp => {
-            let local: SocketAddr = if target.is_ipv4() {
-                "0.0.0.0:0".parse().unwrap()
-            } else {
-                "[::]:0".parse().unwrap()
-            };
+            let local: SocketAddr =
+                if target.is_ipv4() { "0.0.0.0:0".parse().unwrap() } else { "[::]:0".parse().unwrap() };
             let socket = UdpSocket::bind(local).context(|| "binding a UDP socket".into())?;
-            socket
-                .connect(target)
-                .context(|| format!("setting the UDP peer {target}"))?;
-            Box::new(UdpTransport {
-                socket,
-                buf: vec![0; MAX_FRAME_LEN],
-                len: 0,
-            })
+            socket.connect(target).context(|| format!("setting the UDP peer {target}"))?;
+            Box::new(UdpTransport { socket, buf: vec![0; MAX_FRAME_LEN], len: 0 })
         }
         Proto::Tcp => {
-            let stream =
-                TcpStream::connect_timeout(&target, options.timeout.max(Duration::from_secs(5)))
-                    .context(|| format!("connecting to the TCP echo at {target}"))?;
-            stream
-                .set_nodelay(true)
-                .context(|| "setting TCP_NODELAY".into())?;
+            let stream = TcpStream::connect_timeout(&target, options.timeout.max(Duration::from_secs(5)))
+                .context(|| format!("connecting to the TCP echo at {target}"))?;
+            stream.set_nodelay(true).context(|| "setting TCP_NODELAY".into())?;
             stream
                 .set_write_timeout(Some(options.timeout.max(Duration::from_secs(5))))
                 .context(|| "setting the TCP write timeout".into())?;
@@ -202,12 +181,7 @@ pub fn run(options: &RttOptions) -> Result<Value> {
         let window_full = tracker.outstanding() >= window;
         if tracker.sent() < options.count && now >= next_send && !window_full {
             let seq = tracker.record_sent();
-            Probe {
-                run_id,
-                seq,
-                sent_ns: nanos_since(start, now),
-            }
-            .encode(&mut frame);
+            Probe { run_id, seq, sent_ns: nanos_since(start, now) }.encode(&mut frame);
             transport.send(&frame)?;
             last_send = now;
             // A fixed schedule: a late send does not push the later ones back, so the run's length
@@ -276,25 +250,18 @@ fn nanos_since(start: Instant, t: Instant) -> u64 {
 
 /// Distinguishes this run's replies from stray ones (an earlier run's late echoes to a reused port).
 fn run_id() -> u32 {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
     nanos ^ std::process::id().rotate_left(16)
 }
 
 fn is_timeout(e: &io::Error) -> bool {
-    matches!(
-        e.kind(),
-        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
-    )
+    matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted)
 }
 
 fn is_lossy(e: &io::Error) -> bool {
     matches!(
         e.kind(),
-        io::ErrorKind::ConnectionRefused
-            | io::ErrorKind::HostUnreachable
-            | io::ErrorKind::NetworkUnreachable
+        io::ErrorKind::ConnectionRefused | io::ErrorKind::HostUnreachable | io::ErrorKind::NetworkUnreachable
     ) || e.raw_os_error() == Some(105) // ENOBUFS: the local queue is full, the probe is dropped.
 }
 

@@ -21,9 +21,7 @@ pub struct ServeOptions {
 /// Port of the bulk sink for an echo address: the next port up.
 pub fn sink_address(echo: SocketAddr) -> Result<SocketAddr> {
     let port = echo.port().checked_add(1).filter(|_| echo.port() != 0).ok_or_else(|| {
-        ProbeError::new(format!(
-            "--listen {echo}: the port must be between 1 and 65534 (the bulk sink uses port + 1)"
-        ))
+        ProbeError::new(format!("--listen {echo}: the port must be between 1 and 65534 (the bulk sink uses port + 1)"))
     })?;
     Ok(SocketAddr::new(echo.ip(), port))
 }
@@ -31,12 +29,9 @@ pub fn sink_address(echo: SocketAddr) -> Result<SocketAddr> {
 /// Binds everything, prints one JSON line with the bound addresses, then serves until killed.
 pub fn serve(options: ServeOptions) -> Result<()> {
     let sink_addr = sink_address(options.listen)?;
-    let udp = UdpSocket::bind(options.listen)
-        .context(|| format!("binding UDP echo on {}", options.listen))?;
-    let tcp = TcpListener::bind(options.listen)
-        .context(|| format!("binding TCP echo on {}", options.listen))?;
-    let sink =
-        TcpListener::bind(sink_addr).context(|| format!("binding TCP bulk sink on {sink_addr}"))?;
+    let udp = UdpSocket::bind(options.listen).context(|| format!("binding UDP echo on {}", options.listen))?;
+    let tcp = TcpListener::bind(options.listen).context(|| format!("binding TCP echo on {}", options.listen))?;
+    let sink = TcpListener::bind(sink_addr).context(|| format!("binding TCP bulk sink on {sink_addr}"))?;
 
     let ready = json!({
         "udp_echo": options.listen.to_string(),
@@ -44,9 +39,7 @@ pub fn serve(options: ServeOptions) -> Result<()> {
         "tcp_sink": sink_addr.to_string(),
     });
     let mut stdout = io::stdout().lock();
-    writeln!(stdout, "{ready}")
-        .and_then(|_| stdout.flush())
-        .context(|| "writing to stdout".into())?;
+    writeln!(stdout, "{ready}").and_then(|_| stdout.flush()).context(|| "writing to stdout".into())?;
     drop(stdout);
 
     let connections = Arc::new(AtomicUsize::new(0));
@@ -55,16 +48,12 @@ pub fn serve(options: ServeOptions) -> Result<()> {
         let connections = connections.clone();
         let idle = options.idle_timeout;
         let max = options.max_connections;
-        spawn("tcp-echo", move || {
-            accept_loop(tcp, connections, max, move |s| tcp_echo(s, idle))
-        })
+        spawn("tcp-echo", move || accept_loop(tcp, connections, max, move |s| tcp_echo(s, idle)))
     };
     let sink_thread = {
         let idle = options.idle_timeout;
         let max = options.max_connections;
-        spawn("tcp-sink", move || {
-            accept_loop(sink, connections, max, move |s| tcp_sink(s, idle))
-        })
+        spawn("tcp-sink", move || accept_loop(sink, connections, max, move |s| tcp_sink(s, idle)))
     };
     // Each loop runs forever; whichever returns first returns an error that ends the server.
     for handle in [udp_thread, echo_thread, sink_thread] {
@@ -76,14 +65,8 @@ pub fn serve(options: ServeOptions) -> Result<()> {
     Ok(())
 }
 
-fn spawn(
-    name: &str,
-    body: impl FnOnce() -> Result<()> + Send + 'static,
-) -> thread::JoinHandle<Result<()>> {
-    thread::Builder::new()
-        .name(name.into())
-        .spawn(body)
-        .expect("spawning a server thread")
+fn spawn(name: &str, body: impl FnOnce() -> Result<()> + Send + 'static) -> thread::JoinHandle<Result<()>> {
+    thread::Builder::new().name(name.into()).spawn(body).expect("spawning a server thread")
 }
 
 fn udp_echo(socket: UdpSocket) -> Result<()> {
@@ -115,19 +98,15 @@ fn accept_loop(
         };
         if open.fetch_add(1, Ordering::SeqCst) >= max {
             open.fetch_sub(1, Ordering::SeqCst);
-            eprintln!(
-                "isthmus-probe serve: refusing a connection: {max} already open (--max-connections)"
-            );
+            eprintln!("isthmus-probe serve: refusing a connection: {max} already open (--max-connections)");
             continue;
         }
         let open = open.clone();
         let handler = handler.clone();
-        let spawned = thread::Builder::new()
-            .name("tcp-conn".into())
-            .spawn(move || {
-                handler(stream);
-                open.fetch_sub(1, Ordering::SeqCst);
-            });
+        let spawned = thread::Builder::new().name("tcp-conn".into()).spawn(move || {
+            handler(stream);
+            open.fetch_sub(1, Ordering::SeqCst);
+        });
         if spawned.is_err() {
             // The closure (and its stream) was dropped: the connection is closed.
             eprintln!("isthmus-probe serve: cannot start a thread for a connection");
@@ -181,10 +160,7 @@ fn tcp_sink(mut stream: TcpStream, idle: Duration) {
 }
 
 fn is_transient(e: &io::Error) -> bool {
-    matches!(
-        e.kind(),
-        io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock | io::ErrorKind::ConnectionReset
-    )
+    matches!(e.kind(), io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock | io::ErrorKind::ConnectionReset)
 }
 
 #[cfg(test)]
@@ -194,17 +170,9 @@ mod tests {
     #[test]
     fn sink_is_on_the_next_port_and_port_bounds_are_checked() {
         let echo: SocketAddr = "10.0.0.1:7000".parse().unwrap();
-        assert_eq!(
-            sink_address(echo).unwrap(),
-            "10.0.0.1:7001".parse().unwrap()
-        );
-        let err = sink_address("0.0.0.0:65535".parse().unwrap())
-            .unwrap_err()
-            .to_string();
+        assert_eq!(sink_address(echo).unwrap(), "10.0.0.1:7001".parse().unwrap());
+        let err = sink_address("0.0.0.0:65535".parse().unwrap()).unwrap_err().to_string();
         assert!(err.contains("--listen"), "{err}");
-        assert!(
-            sink_address("0.0.0.0:0".parse().unwrap()).is_err(),
-            "port 0 has no next port"
-        );
+        assert!(sink_address("0.0.0.0:0".parse().unwrap()).is_err(), "port 0 has no next port");
     }
 }

@@ -117,11 +117,7 @@ impl SequenceTracker {
     }
 
     pub fn loss_ratio(&self) -> f64 {
-        if self.sent == 0 {
-            0.0
-        } else {
-            self.lost() as f64 / self.sent as f64
-        }
+        if self.sent == 0 { 0.0 } else { self.lost() as f64 / self.sent as f64 }
     }
 }
 
@@ -258,15 +254,9 @@ mod tests {
     fn in_order_replies_are_all_fresh() {
         let mut t = sent(5);
         for seq in 0..5 {
-            assert_eq!(
-                t.record_reply(seq, true),
-                ReplyKind::Fresh { reordered: false }
-            );
+            assert_eq!(t.record_reply(seq, true), ReplyKind::Fresh { reordered: false });
         }
-        assert_eq!(
-            (t.received(), t.lost(), t.duplicates(), t.reordered()),
-            (5, 0, 0, 0)
-        );
+        assert_eq!((t.received(), t.lost(), t.duplicates(), t.reordered()), (5, 0, 0, 0));
         assert_eq!(t.loss_ratio(), 0.0);
     }
 
@@ -294,15 +284,9 @@ mod tests {
         let mut t = sent(5);
         t.record_reply(0, true);
         t.record_reply(2, true);
-        assert_eq!(
-            t.record_reply(1, true),
-            ReplyKind::Fresh { reordered: true }
-        );
+        assert_eq!(t.record_reply(1, true), ReplyKind::Fresh { reordered: true });
         t.record_reply(4, true);
-        assert_eq!(
-            t.record_reply(3, true),
-            ReplyKind::Fresh { reordered: true }
-        );
+        assert_eq!(t.record_reply(3, true), ReplyKind::Fresh { reordered: true });
         assert_eq!((t.received(), t.reordered(), t.lost()), (5, 2, 0));
         // A duplicate of an old sequence is a duplicate, not a reordering.
         assert_eq!(t.record_reply(1, true), ReplyKind::Duplicate);
@@ -317,10 +301,7 @@ mod tests {
         assert_eq!(t.record_reply(0, false), ReplyKind::Late);
         assert_eq!(t.record_reply(0, true), ReplyKind::Duplicate);
         t.record_reply(1, true);
-        assert_eq!(
-            (t.received(), t.late(), t.lost(), t.duplicates()),
-            (1, 1, 1, 1)
-        );
+        assert_eq!((t.received(), t.late(), t.lost(), t.duplicates()), (1, 1, 1, 1));
         assert_eq!(t.outstanding(), 0);
         t.record_sent();
         assert_eq!(t.outstanding(), 1);

@@ -35,10 +35,7 @@ pub fn validate(options: &ThroughputOptions) -> Result<()> {
         return Err(ProbeError::new("--seconds: must be between 0.001 and 3600"));
     }
     if options.streams == 0 || options.streams > 64 {
-        return Err(ProbeError::new(format!(
-            "--streams {}: must be between 1 and 64",
-            options.streams
-        )));
+        return Err(ProbeError::new(format!("--streams {}: must be between 1 and 64", options.streams)));
     }
     Ok(())
 }
@@ -46,15 +43,10 @@ pub fn validate(options: &ThroughputOptions) -> Result<()> {
 pub fn run(options: &ThroughputOptions) -> Result<Value> {
     validate(options)?;
     let results: Vec<Result<StreamResult>> = thread::scope(|scope| {
-        let handles: Vec<_> = (0..options.streams)
-            .map(|_| scope.spawn(|| one_stream(options)))
-            .collect();
+        let handles: Vec<_> = (0..options.streams).map(|_| scope.spawn(|| one_stream(options))).collect();
         handles
             .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(ProbeError::new("a sending thread panicked")))
-            })
+            .map(|h| h.join().unwrap_or_else(|_| Err(ProbeError::new("a sending thread panicked"))))
             .collect()
     });
     let results = results.into_iter().collect::<Result<Vec<_>>>()?;
@@ -62,10 +54,7 @@ pub fn run(options: &ThroughputOptions) -> Result<Value> {
     let bytes: u64 = results.iter().map(|r| r.bytes_received).sum();
     let bytes_sent: u64 = results.iter().map(|r| r.bytes_sent).sum();
     // Streams run side by side; dividing the total by the longest one is the conservative rate.
-    let receiver_seconds = results
-        .iter()
-        .map(|r| r.receiver_seconds)
-        .fold(0.0, f64::max);
+    let receiver_seconds = results.iter().map(|r| r.receiver_seconds).fold(0.0, f64::max);
     let sender_seconds = results.iter().map(|r| r.sender_seconds).fold(0.0, f64::max);
     let per_stream: Vec<Value> = results
         .iter()
@@ -95,11 +84,7 @@ pub fn run(options: &ThroughputOptions) -> Result<Value> {
 }
 
 fn rate(bytes: u64, seconds: f64) -> f64 {
-    if seconds > 0.0 {
-        (bytes as f64 * 8.0 / seconds).round()
-    } else {
-        0.0
-    }
+    if seconds > 0.0 { (bytes as f64 * 8.0 / seconds).round() } else { 0.0 }
 }
 
 fn one_stream(options: &ThroughputOptions) -> Result<StreamResult> {
@@ -116,22 +101,13 @@ fn one_stream(options: &ThroughputOptions) -> Result<StreamResult> {
             break;
         }
         // A blocked write must not outlive the deadline: on a slow link it returns what it queued.
-        stream
-            .set_write_timeout(Some(left))
-            .context(|| "setting the TCP write timeout".into())?;
+        stream.set_write_timeout(Some(left)).context(|| "setting the TCP write timeout".into())?;
         match stream.write(&chunk) {
             Ok(0) => {
-                return Err(ProbeError::new(format!(
-                    "the sink at {target} stopped accepting data"
-                )));
+                return Err(ProbeError::new(format!("the sink at {target} stopped accepting data")));
             }
             Ok(n) => bytes_sent += n as u64,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) =>
-            {
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
                 break;
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -139,29 +115,18 @@ fn one_stream(options: &ThroughputOptions) -> Result<StreamResult> {
         }
     }
     let sender_seconds = start.elapsed().as_secs_f64();
-    stream
-        .shutdown(Shutdown::Write)
-        .context(|| "ending the bulk stream".into())?;
+    stream.shutdown(Shutdown::Write).context(|| "ending the bulk stream".into())?;
 
-    stream
-        .set_read_timeout(Some(options.drain_timeout))
-        .context(|| "setting the TCP read timeout".into())?;
+    stream.set_read_timeout(Some(options.drain_timeout)).context(|| "setting the TCP read timeout".into())?;
     let mut line = String::new();
     // The report is one short line; take at most 4 KiB of it.
     let read = BufReader::new(io::Read::take(&stream, 4096)).read_line(&mut line);
     match read {
         Ok(0) => {
-            return Err(ProbeError::new(format!(
-                "the sink at {target} closed without a report"
-            )));
+            return Err(ProbeError::new(format!("the sink at {target} closed without a report")));
         }
         Ok(_) => {}
-        Err(e)
-            if matches!(
-                e.kind(),
-                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-            ) =>
-        {
+        Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
             return Err(ProbeError::new(format!(
                 "the sink at {target} did not report within {:?} of the end of sending (raise --drain-timeout-ms \
                  on slow links with large buffers)",
@@ -170,25 +135,14 @@ fn one_stream(options: &ThroughputOptions) -> Result<StreamResult> {
         }
         Err(e) => return Err(e).context(|| format!("reading the sink report from {target}")),
     }
-    let (bytes_received, receiver_seconds) = parse_report(&line).ok_or_else(|| {
-        ProbeError::new(format!(
-            "the sink at {target} sent a malformed report: {line:?}"
-        ))
-    })?;
-    Ok(StreamResult {
-        bytes_sent,
-        sender_seconds,
-        bytes_received,
-        receiver_seconds,
-    })
+    let (bytes_received, receiver_seconds) = parse_report(&line)
+        .ok_or_else(|| ProbeError::new(format!("the sink at {target} sent a malformed report: {line:?}")))?;
+    Ok(StreamResult { bytes_sent, sender_seconds, bytes_received, receiver_seconds })
 }
 
 fn parse_report(line: &str) -> Option<(u64, f64)> {
     let report: Value = serde_json::from_str(line.trim()).ok()?;
-    Some((
-        report.get("bytes")?.as_u64()?,
-        report.get("seconds")?.as_f64()?,
-    ))
+    Some((report.get("bytes")?.as_u64()?, report.get("seconds")?.as_f64()?))
 }
 
 #[cfg(test)]
@@ -197,10 +151,7 @@ mod tests {
 
     #[test]
     fn parses_the_sink_report() {
-        assert_eq!(
-            parse_report("{\"bytes\":1000,\"seconds\":0.5}\n"),
-            Some((1000, 0.5))
-        );
+        assert_eq!(parse_report("{\"bytes\":1000,\"seconds\":0.5}\n"), Some((1000, 0.5)));
         assert_eq!(parse_report("{\"bytes\":-1,\"seconds\":0.5}"), None);
         assert_eq!(parse_report("garbage"), None);
     }
@@ -226,34 +177,10 @@ mod tests {
     fn bad_options_are_rejected_naming_the_flag() {
         assert!(validate(&options()).is_ok());
         for (bad, flag) in [
-            (
-                ThroughputOptions {
-                    streams: 0,
-                    ..options()
-                },
-                "--streams",
-            ),
-            (
-                ThroughputOptions {
-                    streams: 65,
-                    ..options()
-                },
-                "--streams",
-            ),
-            (
-                ThroughputOptions {
-                    duration: Duration::ZERO,
-                    ..options()
-                },
-                "--seconds",
-            ),
-            (
-                ThroughputOptions {
-                    duration: Duration::from_secs(3601),
-                    ..options()
-                },
-                "--seconds",
-            ),
+            (ThroughputOptions { streams: 0, ..options() }, "--streams"),
+            (ThroughputOptions { streams: 65, ..options() }, "--streams"),
+            (ThroughputOptions { duration: Duration::ZERO, ..options() }, "--seconds"),
+            (ThroughputOptions { duration: Duration::from_secs(3601), ..options() }, "--seconds"),
         ] {
             let err = validate(&bad).unwrap_err().to_string();
             assert!(err.contains(flag), "{err} should name {flag}");

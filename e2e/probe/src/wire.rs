@@ -19,10 +19,7 @@ pub struct Probe {
 impl Probe {
     /// Writes the header into `frame`, whose length is the frame size; padding is left as is.
     pub fn encode(&self, frame: &mut [u8]) {
-        assert!(
-            frame.len() >= HEADER_LEN,
-            "frame shorter than the probe header"
-        );
+        assert!(frame.len() >= HEADER_LEN, "frame shorter than the probe header");
         frame[0..4].copy_from_slice(&MAGIC);
         frame[4..8].copy_from_slice(&self.run_id.to_be_bytes());
         frame[8..16].copy_from_slice(&self.seq.to_be_bytes());
@@ -49,20 +46,12 @@ mod tests {
 
     #[test]
     fn round_trips_and_rejects_foreign_frames() {
-        let probe = Probe {
-            run_id: 0xdead_beef,
-            seq: 42,
-            sent_ns: 1_234_567_890,
-        };
+        let probe = Probe { run_id: 0xdead_beef, seq: 42, sent_ns: 1_234_567_890 };
         let mut frame = vec![0u8; 64];
         probe.encode(&mut frame);
         assert_eq!(Probe::decode(&frame, 0xdead_beef), Some(probe));
         assert_eq!(Probe::decode(&frame, 1), None, "another run's frame");
-        assert_eq!(
-            Probe::decode(&frame[..HEADER_LEN - 1], 0xdead_beef),
-            None,
-            "truncated"
-        );
+        assert_eq!(Probe::decode(&frame[..HEADER_LEN - 1], 0xdead_beef), None, "truncated");
         frame[0] = b'X';
         assert_eq!(Probe::decode(&frame, 0xdead_beef), None, "bad magic");
     }

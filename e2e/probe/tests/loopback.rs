@@ -45,10 +45,7 @@ fn start_server() -> Server {
             .spawn()
             .expect("starting isthmus-probe serve");
         let stdout = child.stdout.take().unwrap();
-        let server = Server {
-            child,
-            echo_port: port,
-        };
+        let server = Server { child, echo_port: port };
         if let Some(ready) = ready_line(stdout) {
             let ready: Value = serde_json::from_str(&ready).expect("ready line is JSON");
             assert_eq!(ready["udp_echo"], format!("127.0.0.1:{port}"));
@@ -71,11 +68,7 @@ fn ready_line(stdout: ChildStdout) -> Option<String> {
 
 fn free_port_pair() -> u16 {
     loop {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         if port < 65534
             && TcpListener::bind(("127.0.0.1", port + 1)).is_ok()
             && UdpSocket::bind(("127.0.0.1", port)).is_ok()
@@ -86,64 +79,35 @@ fn free_port_pair() -> u16 {
 }
 
 fn probe(args: &[&str]) -> Output {
-    Command::new(PROBE)
-        .args(args)
-        .output()
-        .expect("running isthmus-probe")
+    Command::new(PROBE).args(args).output().expect("running isthmus-probe")
 }
 
 fn probe_json(args: &[&str]) -> Value {
     let out = probe(args);
-    assert!(
-        out.status.success(),
-        "isthmus-probe {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "isthmus-probe {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
     let stdout = String::from_utf8(out.stdout).unwrap();
-    assert_eq!(
-        stdout.lines().count(),
-        1,
-        "exactly one JSON object on stdout: {stdout}"
-    );
+    assert_eq!(stdout.lines().count(), 1, "exactly one JSON object on stdout: {stdout}");
     serde_json::from_str(&stdout).expect("stdout is JSON")
 }
 
 fn u(v: &Value, key: &str) -> u64 {
-    v[key]
-        .as_u64()
-        .unwrap_or_else(|| panic!("{key} is not an unsigned integer in {v}"))
+    v[key].as_u64().unwrap_or_else(|| panic!("{key} is not an unsigned integer in {v}"))
 }
 
 fn f(v: &Value, key: &str) -> f64 {
-    v[key]
-        .as_f64()
-        .unwrap_or_else(|| panic!("{key} is not a number in {v}"))
+    v[key].as_f64().unwrap_or_else(|| panic!("{key} is not a number in {v}"))
 }
 
 fn assert_complete_rtt_report(report: &Value, proto: &str, count: u64) {
     assert_eq!(report["proto"], proto);
     assert_eq!(u(report, "sent"), count);
-    assert_eq!(
-        u(report, "received") + u(report, "lost"),
-        u(report, "sent"),
-        "{report}"
-    );
+    assert_eq!(u(report, "received") + u(report, "lost"), u(report, "sent"), "{report}");
     assert!(u(report, "late") <= u(report, "lost"), "{report}");
     let expected_ratio = u(report, "lost") as f64 / count as f64;
-    assert!(
-        (f(report, "loss_ratio") - expected_ratio).abs() < 1e-9,
-        "{report}"
-    );
+    assert!((f(report, "loss_ratio") - expected_ratio).abs() < 1e-9, "{report}");
     let rtt = &report["rtt_ms"];
-    let fields = [
-        "min", "mean", "p50", "p90", "p99", "max", "stddev", "jitter",
-    ];
-    let keys: Vec<&str> = rtt
-        .as_object()
-        .unwrap()
-        .keys()
-        .map(String::as_str)
-        .collect();
+    let fields = ["min", "mean", "p50", "p90", "p99", "max", "stddev", "jitter"];
+    let keys: Vec<&str> = rtt.as_object().unwrap().keys().map(String::as_str).collect();
     for field in fields {
         assert!(keys.contains(&field), "rtt_ms.{field} missing in {report}");
     }
@@ -151,33 +115,13 @@ fn assert_complete_rtt_report(report: &Value, proto: &str, count: u64) {
 
 fn assert_lossless_loopback(report: &Value, count: u64) {
     assert_eq!(u(report, "received"), count, "{report}");
-    assert_eq!(
-        (
-            u(report, "lost"),
-            u(report, "late"),
-            u(report, "duplicates")
-        ),
-        (0, 0, 0),
-        "{report}"
-    );
+    assert_eq!((u(report, "lost"), u(report, "late"), u(report, "duplicates")), (0, 0, 0), "{report}");
     assert_eq!(f(report, "loss_ratio"), 0.0);
     let rtt = &report["rtt_ms"];
-    let (min, p50, p90, p99, max) = (
-        f(rtt, "min"),
-        f(rtt, "p50"),
-        f(rtt, "p90"),
-        f(rtt, "p99"),
-        f(rtt, "max"),
-    );
-    assert!(
-        0.0 <= min && min <= p50 && p50 <= p90 && p90 <= p99 && p99 <= max,
-        "{report}"
-    );
+    let (min, p50, p90, p99, max) = (f(rtt, "min"), f(rtt, "p50"), f(rtt, "p90"), f(rtt, "p99"), f(rtt, "max"));
+    assert!(0.0 <= min && min <= p50 && p50 <= p90 && p90 <= p99 && p99 <= max, "{report}");
     assert!(min <= f(rtt, "mean") && f(rtt, "mean") <= max, "{report}");
-    assert!(
-        f(rtt, "stddev") >= 0.0 && f(rtt, "jitter") >= 0.0,
-        "{report}"
-    );
+    assert!(f(rtt, "stddev") >= 0.0 && f(rtt, "jitter") >= 0.0, "{report}");
     // Round trips are measured against the timeout: none may exceed it.
     assert!(max <= f(report, "timeout_ms"), "{report}");
 }
@@ -185,17 +129,8 @@ fn assert_lossless_loopback(report: &Value, count: u64) {
 #[test]
 fn udp_round_trip_on_loopback_loses_nothing() {
     let server = start_server();
-    let report = probe_json(&[
-        "rtt",
-        "--target",
-        &server.echo(),
-        "--proto",
-        "udp",
-        "--count",
-        "50",
-        "--interval-ms",
-        "2",
-    ]);
+    let report =
+        probe_json(&["rtt", "--target", &server.echo(), "--proto", "udp", "--count", "50", "--interval-ms", "2"]);
     assert_complete_rtt_report(&report, "udp", 50);
     assert_lossless_loopback(&report, 50);
     assert_eq!(report["target"], server.echo());
@@ -289,132 +224,59 @@ fn unanswered_udp_probes_are_all_lost_with_null_round_trips() {
     // A bound socket nobody reads from: probes vanish without an ICMP error.
     let silent = UdpSocket::bind("127.0.0.1:0").unwrap();
     let target = silent.local_addr().unwrap().to_string();
-    let report = probe_json(&[
-        "rtt",
-        "--target",
-        &target,
-        "--count",
-        "5",
-        "--interval-ms",
-        "1",
-        "--timeout-ms",
-        "100",
-    ]);
+    let report = probe_json(&["rtt", "--target", &target, "--count", "5", "--interval-ms", "1", "--timeout-ms", "100"]);
     assert_complete_rtt_report(&report, "udp", 5);
-    assert_eq!(
-        (u(&report, "received"), u(&report, "lost")),
-        (0, 5),
-        "{report}"
-    );
+    assert_eq!((u(&report, "received"), u(&report, "lost")), (0, 5), "{report}");
     assert_eq!(f(&report, "loss_ratio"), 1.0);
-    assert!(
-        report["rtt_ms"]
-            .as_object()
-            .unwrap()
-            .values()
-            .all(Value::is_null),
-        "{report}"
-    );
+    assert!(report["rtt_ms"].as_object().unwrap().values().all(Value::is_null), "{report}");
 }
 
 #[test]
 fn throughput_counts_at_the_receiver_what_the_sender_sent() {
     let server = start_server();
-    let report = probe_json(&[
-        "throughput",
-        "--target",
-        &server.sink(),
-        "--seconds",
-        "0.5",
-        "--streams",
-        "2",
-    ]);
+    let report = probe_json(&["throughput", "--target", &server.sink(), "--seconds", "0.5", "--streams", "2"]);
     assert_eq!(report["measured_at"], "receiver");
     assert_eq!(u(&report, "streams"), 2);
     assert!(u(&report, "bytes") > 0, "{report}");
     // The sink reads to the end of each stream, so everything sent arrives.
     assert_eq!(u(&report, "bytes"), u(&report, "bytes_sent"), "{report}");
-    assert!(
-        f(&report, "bits_per_second") > 0.0 && f(&report, "receiver_seconds") > 0.0,
-        "{report}"
-    );
+    assert!(f(&report, "bits_per_second") > 0.0 && f(&report, "receiver_seconds") > 0.0, "{report}");
     let expected_bps = u(&report, "bytes") as f64 * 8.0 / f(&report, "receiver_seconds");
-    assert!(
-        (f(&report, "bits_per_second") - expected_bps).abs() <= 1.0,
-        "{report}"
-    );
+    assert!((f(&report, "bits_per_second") - expected_bps).abs() <= 1.0, "{report}");
     let streams = report["per_stream"].as_array().unwrap();
     assert_eq!(streams.len(), 2);
-    assert_eq!(
-        streams.iter().map(|s| u(s, "bytes")).sum::<u64>(),
-        u(&report, "bytes")
-    );
+    assert_eq!(streams.iter().map(|s| u(s, "bytes")).sum::<u64>(), u(&report, "bytes"));
     // Sending stops at the requested time (a write in flight may finish just after it).
-    assert!(
-        f(&report, "sender_seconds") >= 0.5 && f(&report, "sender_seconds") < 5.0,
-        "{report}"
-    );
+    assert!(f(&report, "sender_seconds") >= 0.5 && f(&report, "sender_seconds") < 5.0, "{report}");
 }
 
 #[test]
 fn failures_exit_non_zero_with_a_message_naming_the_cause() {
-    let closed = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let closed = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
     // Nothing listens on the port any more.
-    let out = probe(&[
-        "rtt",
-        "--target",
-        &closed.to_string(),
-        "--proto",
-        "tcp",
-        "--count",
-        "1",
-    ]);
+    let out = probe(&["rtt", "--target", &closed.to_string(), "--proto", "tcp", "--count", "1"]);
     assert!(!out.status.success());
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("connecting to the TCP echo"),
-        "{out:?}"
-    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("connecting to the TCP echo"), "{out:?}");
     assert!(out.stdout.is_empty(), "no report on failure");
 
-    let out = probe(&[
-        "throughput",
-        "--target",
-        &closed.to_string(),
-        "--seconds",
-        "1",
-    ]);
+    let out = probe(&["throughput", "--target", &closed.to_string(), "--seconds", "1"]);
     assert!(!out.status.success());
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("bulk sink"),
-        "{out:?}"
-    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("bulk sink"), "{out:?}");
 
     let out = probe(&["rtt", "--target", "127.0.0.1:9", "--count", "0"]);
     assert!(!out.status.success());
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("--count"),
-        "{out:?}"
-    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--count"), "{out:?}");
 
     let out = probe(&["throughput", "--target", "127.0.0.1:9", "--seconds=0"]);
     assert!(!out.status.success());
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("--seconds"),
-        "{out:?}"
-    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--seconds"), "{out:?}");
 }
 
 #[test]
 fn sigterm_ends_the_server_at_once() {
     let mut server = start_server();
     let pid = server.child.id().to_string();
-    let status = Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .expect("running kill");
+    let status = Command::new("kill").args(["-TERM", &pid]).status().expect("running kill");
     assert!(status.success());
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
@@ -422,10 +284,7 @@ fn sigterm_ends_the_server_at_once() {
             assert!(status.success(), "serve exits 0 on SIGTERM, got {status}");
             break;
         }
-        assert!(
-            Instant::now() < deadline,
-            "serve still running 5 s after SIGTERM"
-        );
+        assert!(Instant::now() < deadline, "serve still running 5 s after SIGTERM");
         thread::sleep(Duration::from_millis(20));
     }
 }
@@ -440,20 +299,10 @@ fn help_documents_every_subcommand_and_field() {
     }
     let out = probe(&["rtt", "--help"]);
     let help = String::from_utf8_lossy(&out.stdout);
-    for word in [
-        "loss_ratio",
-        "duplicates",
-        "reordered",
-        "p99",
-        "--timeout-ms",
-        "--interval-ms",
-    ] {
+    for word in ["loss_ratio", "duplicates", "reordered", "p99", "--timeout-ms", "--interval-ms"] {
         assert!(help.contains(word), "rtt --help lacks {word}: {help}");
     }
     let out = probe(&["throughput", "--help"]);
     let help = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        help.contains("bits_per_second") && help.contains("receiver"),
-        "{help}"
-    );
+    assert!(help.contains("bits_per_second") && help.contains("receiver"), "{help}");
 }

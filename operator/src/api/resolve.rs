@@ -186,7 +186,10 @@ fn correlated(spec: &CorrelatedSpec, field: &str) -> Result<Correlated, SpecErro
 
 fn reorder(spec: &ReorderSpec, field: &str) -> Result<Reorder, SpecError> {
     if spec.gap == Some(0) {
-        return Err(SpecError::new(format!("{field}.gap"), "a gap is at least 1 (every packet); leave it out for no gap"));
+        return Err(SpecError::new(
+            format!("{field}.gap"),
+            "a gap is at least 1 (every packet); leave it out for no gap",
+        ));
     }
     Ok(Reorder {
         percent: percent(&format!("{field}.percent"), &spec.percent)?,
@@ -338,11 +341,14 @@ mod tests {
 
     #[test]
     fn symmetric_copies_and_one_way_drops_the_downlink() {
-        let s = spec("from: {podSelector: {}}\nto: {podSelector: {}}\nimpairment: {latency: 10ms, jitter: 2ms}\nsymmetric: true\n");
+        let s = spec(
+            "from: {podSelector: {}}\nto: {podSelector: {}}\nimpairment: {latency: 10ms, jitter: 2ms}\nsymmetric: true\n",
+        );
         let r = s.resolve().unwrap();
         assert_eq!(r.reverse.as_ref(), Some(&r.forward));
         assert_eq!(r.summary().expected_round_trip, "20ms ± 4ms");
-        let s = spec("from: {podSelector: {}}\nto: {podSelector: {}, namespaceSelector: {}}\nprofile: dsl\noneWay: true\n");
+        let s =
+            spec("from: {podSelector: {}}\nto: {podSelector: {}, namespaceSelector: {}}\nprofile: dsl\noneWay: true\n");
         let r = s.resolve().unwrap();
         assert!(r.reverse.is_none());
         assert_eq!(r.summary().expected_round_trip, "10ms (return path not impaired)");
@@ -360,17 +366,38 @@ mod tests {
                 "from: {podSelector: {}}\nto: {podSelector: {}, namespaceSelector: {}}\nprofile: lte\n",
                 "spec.to.namespaceSelector",
             ),
-            ("from: {podSelector: {}}\nto: {podSelector: {}}\nimpairment: {}\nreverse: {}\nsymmetric: true\n", "spec.symmetric"),
+            (
+                "from: {podSelector: {}}\nto: {podSelector: {}}\nimpairment: {}\nreverse: {}\nsymmetric: true\n",
+                "spec.symmetric",
+            ),
             ("from: {podSelector: {}}\nto: {podSelector: {}}\nprofile: lte\nsymmetric: true\n", "spec.symmetric"),
-            ("from: {podSelector: {}}\nto: {cidrs: [10.0.0.0/8]}\nimpairment: {}\nsymmetric: true\n", "spec.to.podSelector"),
+            (
+                "from: {podSelector: {}}\nto: {cidrs: [10.0.0.0/8]}\nimpairment: {}\nsymmetric: true\n",
+                "spec.to.podSelector",
+            ),
             ("from: {podSelector: {}}\nto: {cidrs: [10.0.0.1/8]}\nimpairment: {}\n", "spec.to.cidrs[0]"),
-            ("from: {podSelector: {}}\nto: {podSelector: {}}\nimpairment: {latency: 10mbps}\n", "spec.impairment.latency"),
-            ("from: {podSelector: {}}\nto: {podSelector: {}}\nimpairment: {bandwidth: 100mbps}\n", "spec.impairment.bandwidth"),
-            ("from: {podSelector: {}}\nto: {podSelector: {}}\nimpairment: {bandwidth: 1bit}\n", "spec.impairment.bandwidth"),
+            (
+                "from: {podSelector: {}}\nto: {podSelector: {}}\nimpairment: {latency: 10mbps}\n",
+                "spec.impairment.latency",
+            ),
+            (
+                "from: {podSelector: {}}\nto: {podSelector: {}}\nimpairment: {bandwidth: 100mbps}\n",
+                "spec.impairment.bandwidth",
+            ),
+            (
+                "from: {podSelector: {}}\nto: {podSelector: {}}\nimpairment: {bandwidth: 1bit}\n",
+                "spec.impairment.bandwidth",
+            ),
             ("from: {podSelector: {}}\nto: {podSelector: {}}\nimpairment: {jitter: 5ms}\n", "spec.impairment.jitter"),
             ("from: {podSelector: {}}\nto: {podSelector: {}}\nimpairment: {burst: 32KiB}\n", "spec.impairment.burst"),
-            ("from: {podSelector: {}}\nto: {podSelector: {}}\nimpairment: {bandwidth: 1Mbit, burst: 1KiB}\n", "spec.impairment.burst"),
-            ("from: {podSelector: {}}\nto: {podSelector: {}}\nimpairment: {queueLimit: 0}\n", "spec.impairment.queueLimit"),
+            (
+                "from: {podSelector: {}}\nto: {podSelector: {}}\nimpairment: {bandwidth: 1Mbit, burst: 1KiB}\n",
+                "spec.impairment.burst",
+            ),
+            (
+                "from: {podSelector: {}}\nto: {podSelector: {}}\nimpairment: {queueLimit: 0}\n",
+                "spec.impairment.queueLimit",
+            ),
             ("from: {podSelector: {}}\nto: {podSelector: {}}\nimpairment: {loss: {}}\n", "spec.impairment.loss"),
             (
                 "from: {podSelector: {}}\nto: {podSelector: {}}\nimpairment: {loss: {percent: 101%}}\n",
@@ -397,7 +424,9 @@ mod tests {
 
     #[test]
     fn gilbert_elliott_defaults() {
-        let s = spec("from: {podSelector: {}}\nto: {podSelector: {}}\nimpairment: {loss: {gilbertElliott: {p: 1%, r: 20%}}}\n");
+        let s = spec(
+            "from: {podSelector: {}}\nto: {podSelector: {}}\nimpairment: {loss: {gilbertElliott: {p: 1%, r: 20%}}}\n",
+        );
         let r = s.resolve().unwrap();
         assert_eq!(
             r.forward.loss,
@@ -428,7 +457,8 @@ mod properties {
     use super::super::spec::*;
 
     fn text() -> impl Strategy<Value = String> {
-        prop::string::string_regex(r"(0|[0-9]{1,4}(\.[0-9]{1,3})?)(ns|us|ms|s|%|bit|kbit|Mbit|Gbit|mbps|B|KiB|MiB|)").unwrap()
+        prop::string::string_regex(r"(0|[0-9]{1,4}(\.[0-9]{1,3})?)(ns|us|ms|s|%|bit|kbit|Mbit|Gbit|mbps|B|KiB|MiB|)")
+            .unwrap()
     }
 
     fn impairment() -> impl Strategy<Value = ImpairmentSpec> {
@@ -451,7 +481,12 @@ mod properties {
                     loss: q!(3).map(|p: PercentValue| LossSpec {
                         percent: (!ge).then_some(p.clone()),
                         correlation: q!(4),
-                        gilbert_elliott: ge.then(|| GilbertElliottSpec { p: p.clone(), r: p, loss_in_bad: q!(5), loss_in_good: None }),
+                        gilbert_elliott: ge.then(|| GilbertElliottSpec {
+                            p: p.clone(),
+                            r: p,
+                            loss_in_bad: q!(5),
+                            loss_in_good: None,
+                        }),
                     }),
                     duplicate: q!(5).map(|p: PercentValue| CorrelatedSpec { percent: p, correlation: q!(6) }),
                     corrupt: None,

@@ -30,10 +30,7 @@ pub(super) fn push_u64(buf: &mut Vec<u8>, kind: u16, value: u64) {
 }
 
 /// Splits a run of attributes into (type, payload) pairs.
-pub(super) fn parse<'a>(
-    object: &'static str,
-    mut buf: &'a [u8],
-) -> Result<Vec<(u16, &'a [u8])>, DecodeError> {
+pub(super) fn parse<'a>(object: &'static str, mut buf: &'a [u8]) -> Result<Vec<(u16, &'a [u8])>, DecodeError> {
     let mut out = Vec::new();
     while buf.len() >= NLA_HEADER_LEN {
         let len = usize::from(u16::from_ne_bytes([buf[0], buf[1]]));
@@ -51,11 +48,7 @@ pub(super) fn parse<'a>(
 }
 
 pub(super) fn find<'a>(attrs: &[(u16, &'a [u8])], kind: u16) -> Option<&'a [u8]> {
-    attrs
-        .iter()
-        .rev()
-        .find(|(k, _)| *k == kind)
-        .map(|(_, v)| *v)
+    attrs.iter().rev().find(|(k, _)| *k == kind).map(|(_, v)| *v)
 }
 
 /// The payload of a fixed-size attribute: at least `N` bytes (the kernel's own policy lets longer ones pass and
@@ -65,34 +58,23 @@ pub(super) fn fixed<const N: usize>(
     field: &'static str,
     payload: &[u8],
 ) -> Result<[u8; N], DecodeError> {
-    payload
-        .get(..N)
-        .and_then(|p| p.try_into().ok())
-        .ok_or(DecodeError::Length {
-            object,
-            field,
-            expected: N,
-            got: payload.len(),
-        })
+    payload.get(..N).and_then(|p| p.try_into().ok()).ok_or(DecodeError::Length {
+        object,
+        field,
+        expected: N,
+        got: payload.len(),
+    })
 }
 
 pub(super) fn u32_at(bytes: &[u8], offset: usize) -> u32 {
     u32::from_ne_bytes(bytes[offset..offset + 4].try_into().expect("4 bytes"))
 }
 
-pub(super) fn u32_attr(
-    object: &'static str,
-    field: &'static str,
-    payload: &[u8],
-) -> Result<u32, DecodeError> {
+pub(super) fn u32_attr(object: &'static str, field: &'static str, payload: &[u8]) -> Result<u32, DecodeError> {
     fixed::<4>(object, field, payload).map(u32::from_ne_bytes)
 }
 
-pub(super) fn u64_attr(
-    object: &'static str,
-    field: &'static str,
-    payload: &[u8],
-) -> Result<u64, DecodeError> {
+pub(super) fn u64_attr(object: &'static str, field: &'static str, payload: &[u8]) -> Result<u64, DecodeError> {
     fixed::<8>(object, field, payload).map(u64::from_ne_bytes)
 }
 
@@ -115,23 +97,13 @@ mod tests {
         push_u32(&mut buf, 2, 0xdead_beef);
         assert_eq!(buf.len(), 8 + 8 + 8);
         let attrs = parse("test", &buf).unwrap();
-        assert_eq!(
-            attrs,
-            vec![
-                (1, &b"htb\0"[..]),
-                (7, &[1u8, 2, 3][..]),
-                (2, &0xdead_beefu32.to_ne_bytes()[..])
-            ]
-        );
+        assert_eq!(attrs, vec![(1, &b"htb\0"[..]), (7, &[1u8, 2, 3][..]), (2, &0xdead_beefu32.to_ne_bytes()[..])]);
     }
 
     #[test]
     fn parse_rejects_overlong_attribute() {
         let buf = [20u8, 0, 1, 0, 0, 0, 0, 0];
-        assert!(matches!(
-            parse("test", &buf),
-            Err(DecodeError::Malformed { .. })
-        ));
+        assert!(matches!(parse("test", &buf), Err(DecodeError::Malformed { .. })));
     }
 
     #[test]

@@ -12,9 +12,7 @@
 
 use std::fmt;
 
-use netlink_packet_core::{
-    ErrorMessage, NLM_F_CAPPED, NLMSG_ERROR, NetlinkMessage, NetlinkPayload,
-};
+use netlink_packet_core::{ErrorMessage, NLM_F_CAPPED, NLMSG_ERROR, NetlinkMessage, NetlinkPayload};
 use netlink_sys::Socket;
 
 use super::DecodeError;
@@ -60,22 +58,15 @@ impl KernelError {
                 .map(|len| (u32::from_ne_bytes(len.try_into().expect("4 bytes")) as usize + 3) & !3)
                 .unwrap_or(NLMSG_HDRLEN)
         };
-        let mut kernel_error = KernelError {
-            code: -code,
-            message: None,
-            offset: None,
-        };
+        let mut kernel_error = KernelError { code: -code, message: None, offset: None };
         // A malformed or absent TLV area leaves just the errno: the error itself is never lost.
-        if let Some(Ok(tlvs)) = echoed
-            .get(tlv_start..)
-            .map(|tlvs| attrs::parse("extack", tlvs))
-        {
+        if let Some(Ok(tlvs)) = echoed.get(tlv_start..).map(|tlvs| attrs::parse("extack", tlvs)) {
             kernel_error.message = attrs::find(&tlvs, NLMSGERR_ATTR_MSG).map(|raw| {
                 let text = raw.split(|b| *b == 0).next().unwrap_or_default();
                 String::from_utf8_lossy(text).into_owned()
             });
-            kernel_error.offset = attrs::find(&tlvs, NLMSGERR_ATTR_OFFS)
-                .and_then(|raw| attrs::u32_attr("extack", "OFFS", raw).ok());
+            kernel_error.offset =
+                attrs::find(&tlvs, NLMSGERR_ATTR_OFFS).and_then(|raw| attrs::u32_attr("extack", "OFFS", raw).ok());
         }
         Some(kernel_error)
     }
@@ -83,9 +74,7 @@ impl KernelError {
     /// The error in a received message; `None` for anything but a non-zero `NLMSG_ERROR`.
     pub fn from_netlink_message<I>(message: &NetlinkMessage<I>) -> Option<KernelError> {
         match &message.payload {
-            NetlinkPayload::Error(error) => {
-                Self::from_error_message(error, message.header.flags & NLM_F_CAPPED != 0)
-            }
+            NetlinkPayload::Error(error) => Self::from_error_message(error, message.header.flags & NLM_F_CAPPED != 0),
             _ => None,
         }
     }
@@ -101,8 +90,8 @@ impl KernelError {
             });
         }
         let flags = u16::from_ne_bytes([header[6], header[7]]);
-        let length = (u32::from_ne_bytes(header[0..4].try_into().expect("4 bytes")) as usize)
-            .clamp(NLMSG_HDRLEN, raw.len());
+        let length =
+            (u32::from_ne_bytes(header[0..4].try_into().expect("4 bytes")) as usize).clamp(NLMSG_HDRLEN, raw.len());
         let code = attrs::fixed::<4>("netlink error", "error", &raw[NLMSG_HDRLEN..length])?;
         let mut error = ErrorMessage::default();
         error.code = std::num::NonZeroI32::new(i32::from_ne_bytes(code));

@@ -26,10 +26,7 @@ fn request(name: &str) -> Vec<u8> {
         .find(|l| l.split_once(' ').is_some_and(|(n, _)| n == name))
         .unwrap_or_else(|| panic!("no golden request {name}"));
     let hex = line.split_once(' ').unwrap().1;
-    (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
-        .collect()
+    (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect()
 }
 
 fn tc_of(message: &NetlinkMessage<RouteNetlinkMessage>) -> &TcMessage {
@@ -72,12 +69,8 @@ fn serialize(message: &NetlinkMessage<RouteNetlinkMessage>) -> Vec<u8> {
 fn theirs_and_ours(
     name: &str,
     operation: &Operation,
-) -> (
-    NetlinkMessage<RouteNetlinkMessage>,
-    NetlinkMessage<RouteNetlinkMessage>,
-) {
-    let theirs = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&request(name))
-        .expect("iproute2's request parses");
+) -> (NetlinkMessage<RouteNetlinkMessage>, NetlinkMessage<RouteNetlinkMessage>) {
+    let theirs = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&request(name)).expect("iproute2's request parses");
     let ours = encode(operation, ifindex(tc_of(&theirs))).expect("encodes");
     (theirs, ours)
 }
@@ -88,11 +81,7 @@ fn object_of(operation: &Operation) -> &TcObject {
     }
 }
 
-fn assert_decodes_to(
-    name: &str,
-    theirs: &NetlinkMessage<RouteNetlinkMessage>,
-    expected: &TcObject,
-) {
+fn assert_decodes_to(name: &str, theirs: &NetlinkMessage<RouteNetlinkMessage>, expected: &TcObject) {
     let message = tc_of(theirs);
     let decoded = match expected {
         TcObject::Qdisc(_) => TcObject::Qdisc(decode_qdisc(message).unwrap().0),
@@ -110,11 +99,7 @@ fn assert_exact(name: &str, operation: Operation) {
     }
     let mut raw = request(name);
     raw[8..16].fill(0);
-    assert_eq!(
-        hex(&serialize(&ours)),
-        hex(&raw),
-        "{name}: bytes differ from iproute2's"
-    );
+    assert_eq!(hex(&serialize(&ours)), hex(&raw), "{name}: bytes differ from iproute2's");
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -122,25 +107,15 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 /// Rewrites the raw TCA_OPTIONS of iproute2's request with `edit`, re-emitted the way [`encode`] emits it.
-fn edit_options(
-    message: &mut NetlinkMessage<RouteNetlinkMessage>,
-    edit: impl FnOnce(Vec<u8>) -> Vec<u8>,
-) {
+fn edit_options(message: &mut NetlinkMessage<RouteNetlinkMessage>, edit: impl FnOnce(Vec<u8>) -> Vec<u8>) {
     let tc = tc_of_mut(message);
     let options = raw_options_of(tc).expect("raw options");
-    tc.attributes
-        .retain(|a| !matches!(a, TcAttribute::Options(_) | TcAttribute::Other(_)));
-    tc.attributes.push(TcAttribute::Other(DefaultNla::new(
-        TCA_OPTIONS,
-        edit(options),
-    )));
+    tc.attributes.retain(|a| !matches!(a, TcAttribute::Options(_) | TcAttribute::Other(_)));
+    tc.attributes.push(TcAttribute::Other(DefaultNla::new(TCA_OPTIONS, edit(options))));
     message.finalize();
 }
 
-fn rebuild(
-    attributes: &[(u16, &[u8])],
-    mut keep: impl FnMut(u16, &[u8]) -> Option<Vec<u8>>,
-) -> Vec<u8> {
+fn rebuild(attributes: &[(u16, &[u8])], mut keep: impl FnMut(u16, &[u8]) -> Option<Vec<u8>>) -> Vec<u8> {
     let mut out = Vec::new();
     for (kind, payload) in attributes {
         if let Some(payload) = keep(*kind, payload) {
@@ -167,15 +142,10 @@ fn assert_htb_class(name: &str, operation: Operation) {
     assert_decodes_to(name, &theirs, object_of(&operation));
     edit_options(&mut theirs, |options| {
         let attributes = attrs::parse("golden", &options).unwrap();
-        assert!(
-            attrs::find(&attributes, RTAB).is_some() && attrs::find(&attributes, CTAB).is_some()
-        );
+        assert!(attrs::find(&attributes, RTAB).is_some() && attrs::find(&attributes, CTAB).is_some());
         rebuild(&attributes, |kind, payload| match kind {
             RTAB | CTAB => None,
-            PARMS => Some(without_rate_table_fields(
-                without_rate_table_fields(payload.to_vec(), 0),
-                12,
-            )),
+            PARMS => Some(without_rate_table_fields(without_rate_table_fields(payload.to_vec(), 0), 12)),
             _ => Some(payload.to_vec()),
         })
     });
@@ -193,20 +163,9 @@ fn assert_tbf(name: &str, operation: Operation) {
         .into_iter()
         .map(|(k, v)| (k, v.to_vec()))
         .collect::<Vec<_>>();
-    let our_burst = ours_options
-        .iter()
-        .find(|(k, _)| *k == BURST)
-        .unwrap()
-        .1
-        .clone();
+    let our_burst = ours_options.iter().find(|(k, _)| *k == BURST).unwrap().1.clone();
     let our_buffer = ours_options.iter().find(|(k, _)| *k == PARMS).unwrap().1[28..32].to_vec();
-    let TcObject::Qdisc(Qdisc {
-        kind: QdiscKind::Tbf(tbf),
-        ..
-    }) = object_of(&operation)
-    else {
-        unreachable!()
-    };
+    let TcObject::Qdisc(Qdisc { kind: QdiscKind::Tbf(tbf), .. }) = object_of(&operation) else { unreachable!() };
     edit_options(&mut theirs, |options| {
         let attributes = attrs::parse("golden", &options).unwrap();
         assert!(attrs::find(&attributes, RTAB).is_some());
@@ -239,33 +198,17 @@ fn assert_netem(name: &str, operation: Operation) {
     assert_decodes_to(name, &theirs, object_of(&operation));
     let (h_theirs, h_ours) = (request(name), serialize(&ours));
     // nlmsghdr minus length, tcmsg, TCA_KIND: identical.
-    assert_eq!(
-        hex(&h_ours[4..8]),
-        hex(&h_theirs[4..8]),
-        "{name}: message type and flags"
-    );
-    assert_eq!(
-        hex(&h_ours[16..48]),
-        hex(&h_theirs[16..48]),
-        "{name}: tcmsg and TCA_KIND"
-    );
+    assert_eq!(hex(&h_ours[4..8]), hex(&h_theirs[4..8]), "{name}: message type and flags");
+    assert_eq!(hex(&h_ours[16..48]), hex(&h_theirs[16..48]), "{name}: tcmsg and TCA_KIND");
     let theirs_options = raw_options_of(tc_of(&theirs)).unwrap();
     let ours_options = raw_options_of(tc_of(&ours)).unwrap();
-    assert_eq!(
-        hex(&ours_options[..24]),
-        hex(&theirs_options[..24]),
-        "{name}: tc_netem_qopt"
-    );
+    assert_eq!(hex(&ours_options[..24]), hex(&theirs_options[..24]), "{name}: tc_netem_qopt");
     let theirs_attrs = attrs::parse("golden", &theirs_options[24..]).unwrap();
     let ours_attrs = attrs::parse("golden", &ours_options[24..]).unwrap();
     // Every attribute iproute2 sent appears in ours with the same bytes, header (type flags) included.
     let ours_tlvs = raw_tlvs(&ours_options[24..]);
     for tlv in raw_tlvs(&theirs_options[24..]) {
-        assert!(
-            ours_tlvs.contains(&tlv),
-            "{name}: iproute2's attribute {} missing or different",
-            hex(&tlv)
-        );
+        assert!(ours_tlvs.contains(&tlv), "{name}: iproute2's attribute {} missing or different", hex(&tlv));
     }
     for (kind, _) in &ours_attrs {
         assert!(
@@ -275,10 +218,8 @@ fn assert_netem(name: &str, operation: Operation) {
     }
     // The attributes keep iproute2's relative order.
     let order = |a: &[(u16, &[u8])]| a.iter().map(|(k, _)| *k).collect::<Vec<_>>();
-    let ours_order: Vec<_> = order(&ours_attrs)
-        .into_iter()
-        .filter(|k| attrs::find(&theirs_attrs, *k).is_some())
-        .collect();
+    let ours_order: Vec<_> =
+        order(&ours_attrs).into_iter().filter(|k| attrs::find(&theirs_attrs, *k).is_some()).collect();
     assert_eq!(ours_order, order(&theirs_attrs), "{name}: attribute order");
 }
 
@@ -294,70 +235,36 @@ fn raw_tlvs(mut buf: &[u8]) -> Vec<Vec<u8>> {
 }
 
 fn qdisc(handle: Handle, parent: Handle, kind: QdiscKind) -> TcObject {
-    TcObject::Qdisc(Qdisc {
-        handle,
-        parent,
-        kind,
-    })
+    TcObject::Qdisc(Qdisc { handle, parent, kind })
 }
 
 fn htb_class(minor: u16, class: HtbClass) -> TcObject {
-    TcObject::Class(Class {
-        handle: Handle::new(1, minor),
-        parent: Handle::new(1, 0),
-        kind: ClassKind::Htb(class),
-    })
+    TcObject::Class(Class { handle: Handle::new(1, minor), parent: Handle::new(1, 0), kind: ClassKind::Htb(class) })
 }
 
 fn netem(f: impl FnOnce(&mut Netem)) -> Operation {
-    let mut n = Netem {
-        limit_packets: 1000,
-        ..Netem::default()
-    };
+    let mut n = Netem { limit_packets: 1000, ..Netem::default() };
     f(&mut n);
-    Operation::Add(qdisc(
-        Handle::new(0x20, 0),
-        Handle::new(0x10, 1),
-        QdiscKind::Netem(n),
-    ))
+    Operation::Add(qdisc(Handle::new(0x20, 0), Handle::new(0x10, 1), QdiscKind::Netem(n)))
 }
 
 fn u32_filter(priority: u16, protocol: u16, filter: U32Filter) -> TcObject {
-    TcObject::Filter(Filter {
-        parent: Handle::new(1, 0),
-        priority,
-        protocol,
-        kind: FilterKind::U32(filter),
-    })
+    TcObject::Filter(Filter { parent: Handle::new(1, 0), priority, protocol, kind: FilterKind::U32(filter) })
 }
 
-fn node(
-    handle: u32,
-    hash_table: Option<u32>,
-    keys: Vec<U32Key>,
-    class_id: Option<Handle>,
-) -> U32Filter {
+fn node(handle: u32, hash_table: Option<u32>, keys: Vec<U32Key>, class_id: Option<Handle>) -> U32Filter {
     U32Filter {
         handle,
         divisor: None,
         link: None,
         hash_table,
-        selector: Some(U32Selector {
-            terminal: class_id.is_some(),
-            hash_mask: 0,
-            hash_offset: 0,
-            keys,
-        }),
+        selector: Some(U32Selector { terminal: class_id.is_some(), hash_mask: 0, hash_offset: 0, keys }),
         class_id,
     }
 }
 
 fn key(mask: u32, value: u32, offset: i32) -> U32Key {
-    U32Key {
-        mask,
-        value,
-        offset,
-    }
+    U32Key { mask, value, offset }
 }
 
 /// iproute2 6.1 percentages: rint(p × u32::MAX).
@@ -380,11 +287,7 @@ fn htb_qdisc_is_byte_identical() {
         Operation::Add(qdisc(
             Handle::new(1, 0),
             Handle::ROOT,
-            QdiscKind::Htb(HtbQdisc {
-                default_class: 0xffff,
-                rate2quantum: 10,
-                direct_qlen: 1000,
-            }),
+            QdiscKind::Htb(HtbQdisc { default_class: 0xffff, rate2quantum: 10, direct_qlen: 1000 }),
         )),
     );
 }
@@ -399,10 +302,7 @@ fn htb_classes_match_without_rate_tables() {
         quantum: 1514,
         prio: 0,
     };
-    assert_htb_class(
-        "htb_class_add_1g",
-        Operation::Add(htb_class(0x10, gbit.clone())),
-    );
+    assert_htb_class("htb_class_add_1g", Operation::Add(htb_class(0x10, gbit.clone())));
     // 40 and 50 Gbit/s: beyond 2^32 B/s, so RATE64 and CEIL64.
     let fast = HtbClass {
         rate_bytes_per_sec: 5_000_000_000,
@@ -413,52 +313,28 @@ fn htb_classes_match_without_rate_tables() {
         prio: 1,
     };
     assert_htb_class("htb_class_add_40g", Operation::Add(htb_class(0x11, fast)));
-    let slower = HtbClass {
-        rate_bytes_per_sec: 12_500_000,
-        buffer_ticks: 19187,
-        ..gbit
-    };
-    assert_htb_class(
-        "htb_class_change",
-        Operation::Change(htb_class(0x10, slower)),
-    );
+    let slower = HtbClass { rate_bytes_per_sec: 12_500_000, buffer_ticks: 19187, ..gbit };
+    assert_htb_class("htb_class_change", Operation::Change(htb_class(0x10, slower)));
 }
 
 #[test]
 fn tbf_matches_with_the_kernels_ticks() {
     // 32 KiB at 100 Mbit/s: 2.62144 ms = 40960 ticks, as the kernel derives from TCA_TBF_BURST.
-    let tbf = |rate, ticks, limit| {
-        QdiscKind::Tbf(Tbf {
-            rate_bytes_per_sec: rate,
-            buffer_ticks: ticks,
-            limit_bytes: limit,
-        })
-    };
+    let tbf =
+        |rate, ticks, limit| QdiscKind::Tbf(Tbf { rate_bytes_per_sec: rate, buffer_ticks: ticks, limit_bytes: limit });
     assert_eq!(psched::buffer_ticks(12_500_000, 32_768), Some(40_960));
     assert_tbf(
         "tbf_add_100m",
-        Operation::Add(qdisc(
-            Handle::new(0x10, 0),
-            Handle::new(1, 0x10),
-            tbf(12_500_000, 40_960, 100_000),
-        )),
+        Operation::Add(qdisc(Handle::new(0x10, 0), Handle::new(1, 0x10), tbf(12_500_000, 40_960, 100_000))),
     );
     // 1 MiB at 40 Gbit/s: 209.7152 µs = 3276 ticks; rate in TCA_TBF_RATE64.
     assert_tbf(
         "tbf_add_40g",
-        Operation::Add(qdisc(
-            Handle::new(0x11, 0),
-            Handle::new(1, 0x11),
-            tbf(5_000_000_000, 3276, 1_000_000),
-        )),
+        Operation::Add(qdisc(Handle::new(0x11, 0), Handle::new(1, 0x11), tbf(5_000_000_000, 3276, 1_000_000))),
     );
     assert_tbf(
         "tbf_change",
-        Operation::Change(qdisc(
-            Handle::new(0x10, 0),
-            Handle::new(1, 0x10),
-            tbf(25_000_000, 20_480, 100_000),
-        )),
+        Operation::Change(qdisc(Handle::new(0x10, 0), Handle::new(1, 0x10), tbf(25_000_000, 20_480, 100_000))),
     );
 }
 
@@ -474,12 +350,7 @@ fn netem_matches_every_attribute_iproute2_sends() {
     );
     assert_netem(
         "netem_loss_random",
-        netem(|n| {
-            n.loss = NetemLoss::Random {
-                probability: percent(1.0),
-                correlation: percent(30.0),
-            }
-        }),
+        netem(|n| n.loss = NetemLoss::Random { probability: percent(1.0), correlation: percent(30.0) }),
     );
     assert_netem(
         "netem_loss_gemodel",
@@ -511,9 +382,7 @@ fn netem_matches_every_attribute_iproute2_sends() {
         }),
     );
     assert_netem("netem_limit", netem(|n| n.limit_packets = 5000));
-    let Operation::Add(change) = netem(|n| n.latency_ns = 20_000_000) else {
-        unreachable!()
-    };
+    let Operation::Add(change) = netem(|n| n.latency_ns = 20_000_000) else { unreachable!() };
     assert_netem("netem_change", Operation::Change(change));
 }
 
@@ -527,101 +396,46 @@ fn u32_filters_are_byte_identical() {
         selector: None,
         class_id: None,
     };
-    assert_exact(
-        "u32_hash_table",
-        Operation::Add(u32_filter(1, ETH_P_IP, table)),
-    );
+    assert_exact("u32_hash_table", Operation::Add(u32_filter(1, ETH_P_IP, table)));
     let link = U32Filter {
         handle: 0x8000_0001,
         divisor: None,
         link: Some(0x0020_0000),
         hash_table: None,
-        selector: Some(U32Selector {
-            terminal: false,
-            hash_mask: 0xff,
-            hash_offset: 16,
-            keys: vec![key(0, 0, 0)],
-        }),
+        selector: Some(U32Selector { terminal: false, hash_mask: 0xff, hash_offset: 16, keys: vec![key(0, 0, 0)] }),
         class_id: None,
     };
-    assert_exact(
-        "u32_link_hashkey",
-        Operation::Add(u32_filter(1, ETH_P_IP, link)),
-    );
-    let v4_host = node(
-        0x0020_1001,
-        Some(0x0020_1000),
-        vec![key(u32::MAX, 0x0a00_0001, 16)],
-        Some(Handle::new(1, 0x10)),
-    );
-    assert_exact(
-        "u32_v4_host",
-        Operation::Add(u32_filter(1, ETH_P_IP, v4_host)),
-    );
-    let v4_cidr = node(
-        0x8000_0002,
-        Some(0x8000_0000),
-        vec![key(0xffff_0000, 0x0a01_0000, 16)],
-        Some(Handle::new(1, 0x11)),
-    );
-    assert_exact(
-        "u32_v4_cidr",
-        Operation::Add(u32_filter(1, ETH_P_IP, v4_cidr)),
-    );
+    assert_exact("u32_link_hashkey", Operation::Add(u32_filter(1, ETH_P_IP, link)));
+    let v4_host =
+        node(0x0020_1001, Some(0x0020_1000), vec![key(u32::MAX, 0x0a00_0001, 16)], Some(Handle::new(1, 0x10)));
+    assert_exact("u32_v4_host", Operation::Add(u32_filter(1, ETH_P_IP, v4_host)));
+    let v4_cidr =
+        node(0x8000_0002, Some(0x8000_0000), vec![key(0xffff_0000, 0x0a01_0000, 16)], Some(Handle::new(1, 0x11)));
+    assert_exact("u32_v4_cidr", Operation::Add(u32_filter(1, ETH_P_IP, v4_cidr)));
     let v6_host = node(
         0x8000_0001,
         Some(0x8000_0000),
-        vec![
-            key(u32::MAX, 0x2001_0db8, 24),
-            key(u32::MAX, 0, 28),
-            key(u32::MAX, 0, 32),
-            key(u32::MAX, 1, 36),
-        ],
+        vec![key(u32::MAX, 0x2001_0db8, 24), key(u32::MAX, 0, 28), key(u32::MAX, 0, 32), key(u32::MAX, 1, 36)],
         Some(Handle::new(1, 0x12)),
     );
-    assert_exact(
-        "u32_v6_host",
-        Operation::Add(u32_filter(2, ETH_P_IPV6, v6_host)),
-    );
+    assert_exact("u32_v6_host", Operation::Add(u32_filter(2, ETH_P_IPV6, v6_host)));
     let v6_cidr = node(
         0x8000_0002,
         Some(0x8000_0000),
-        vec![
-            key(u32::MAX, 0x2001_0db8, 24),
-            key(0xffff_0000, 0x0001_0000, 28),
-        ],
+        vec![key(u32::MAX, 0x2001_0db8, 24), key(0xffff_0000, 0x0001_0000, 28)],
         Some(Handle::new(1, 0x13)),
     );
-    assert_exact(
-        "u32_v6_cidr",
-        Operation::Add(u32_filter(2, ETH_P_IPV6, v6_cidr)),
-    );
-    let catch_all = node(
-        0x8000_0001,
-        None,
-        vec![key(0, 0, 0)],
-        Some(Handle::new(1, 0xffff)),
-    );
-    assert_exact(
-        "u32_catch_all",
-        Operation::Add(u32_filter(3, ETH_P_ALL, catch_all)),
-    );
+    assert_exact("u32_v6_cidr", Operation::Add(u32_filter(2, ETH_P_IPV6, v6_cidr)));
+    let catch_all = node(0x8000_0001, None, vec![key(0, 0, 0)], Some(Handle::new(1, 0xffff)));
+    assert_exact("u32_catch_all", Operation::Add(u32_filter(3, ETH_P_ALL, catch_all)));
 }
 
 #[test]
 fn deletes_are_byte_identical() {
-    let tbf = Tbf {
-        rate_bytes_per_sec: 12_500_000,
-        buffer_ticks: 40_960,
-        limit_bytes: 100_000,
-    };
+    let tbf = Tbf { rate_bytes_per_sec: 12_500_000, buffer_ticks: 40_960, limit_bytes: 100_000 };
     assert_exact(
         "qdisc_delete",
-        Operation::Delete(qdisc(
-            Handle::new(0x10, 0),
-            Handle::new(1, 0x10),
-            QdiscKind::Tbf(tbf),
-        )),
+        Operation::Delete(qdisc(Handle::new(0x10, 0), Handle::new(1, 0x10), QdiscKind::Tbf(tbf))),
     );
     let class = HtbClass {
         rate_bytes_per_sec: 1,
@@ -632,16 +446,9 @@ fn deletes_are_byte_identical() {
         prio: 0,
     };
     assert_exact("class_delete", Operation::Delete(htb_class(0x10, class)));
-    let v4_host = node(
-        0x0020_1001,
-        Some(0x0020_1000),
-        vec![key(u32::MAX, 0x0a00_0001, 16)],
-        Some(Handle::new(1, 0x10)),
-    );
-    assert_exact(
-        "filter_delete",
-        Operation::Delete(u32_filter(1, ETH_P_IP, v4_host)),
-    );
+    let v4_host =
+        node(0x0020_1001, Some(0x0020_1000), vec![key(u32::MAX, 0x0a00_0001, 16)], Some(Handle::new(1, 0x10)));
+    assert_exact("filter_delete", Operation::Delete(u32_filter(1, ETH_P_IP, v4_host)));
 }
 
 const NETEM_DUMPS: &str = include_str!("golden/netem_dumps.txt");
@@ -649,18 +456,10 @@ const NETEM_DUMPS: &str = include_str!("golden/netem_dumps.txt");
 fn netem_dump(name: &str) -> TcMessage {
     let hex = NETEM_DUMPS
         .lines()
-        .find_map(|l| {
-            l.split_once(' ')
-                .filter(|(n, _)| *n == name)
-                .map(|(_, h)| h)
-        })
+        .find_map(|l| l.split_once(' ').filter(|(n, _)| *n == name).map(|(_, h)| h))
         .unwrap_or_else(|| panic!("no netem dump {name}"));
-    let bytes: Vec<u8> = (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
-        .collect();
-    let message =
-        NetlinkMessage::<RouteNetlinkMessage>::deserialize(&bytes).expect("kernel dump parses");
+    let bytes: Vec<u8> = (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect();
+    let message = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&bytes).expect("kernel dump parses");
     match message.payload {
         NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewQueueDiscipline(m)) => m,
         other => panic!("{name}: not a qdisc: {other:?}"),
@@ -680,10 +479,7 @@ fn kernel_netem_dumps_decode_to_the_model() {
         gap: 5,
         duplicate: percent(2.0),
         delay_correlation: percent(25.0),
-        loss: NetemLoss::Random {
-            probability: percent(1.0),
-            correlation: percent(30.0),
-        },
+        loss: NetemLoss::Random { probability: percent(1.0), correlation: percent(30.0) },
         duplicate_correlation: percent(10.0),
         reorder: percent(25.0),
         reorder_correlation: percent(50.0),
@@ -700,64 +496,35 @@ fn kernel_netem_dumps_decode_to_the_model() {
         },
         ..Netem::default()
     };
-    let limit = Netem {
-        limit_packets: 5000,
-        ..Netem::default()
-    };
+    let limit = Netem { limit_packets: 5000, ..Netem::default() };
     for kernel in ["bookworm", "uml"] {
-        for (case, expected) in [
-            ("netem_dump_all", &all),
-            ("netem_dump_gemodel", &gemodel),
-            ("netem_dump_limit", &limit),
-        ] {
+        for (case, expected) in
+            [("netem_dump_all", &all), ("netem_dump_gemodel", &gemodel), ("netem_dump_limit", &limit)]
+        {
             let name = format!("{kernel}_{case}");
             let message = netem_dump(&name);
-            let (qdisc, counters) =
-                decode_qdisc(&message).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let (qdisc, counters) = decode_qdisc(&message).unwrap_or_else(|e| panic!("{name}: {e}"));
             assert_eq!(
                 qdisc,
-                Qdisc {
-                    handle: Handle::new(0x20, 0),
-                    parent: Handle::ROOT,
-                    kind: QdiscKind::Netem(expected.clone())
-                },
+                Qdisc { handle: Handle::new(0x20, 0), parent: Handle::ROOT, kind: QdiscKind::Netem(expected.clone()) },
                 "{name}"
             );
-            assert_eq!(
-                counters,
-                Counters::default(),
-                "{name}: a fresh qdisc has counted nothing"
-            );
+            assert_eq!(counters, Counters::default(), "{name}: a fresh qdisc has counted nothing");
 
             // What we would send for this model carries the dump's qopt and the same attribute values.
-            let request = encode(
-                &Operation::Change(TcObject::Qdisc(qdisc)),
-                ifindex(&message),
-            )
-            .unwrap();
+            let request = encode(&Operation::Change(TcObject::Qdisc(qdisc)), ifindex(&message)).unwrap();
             let sent = raw_options_of(tc_of(&request)).unwrap();
             let dumped = raw_options_of(&message).unwrap();
-            assert_eq!(
-                hex(&sent[..24]),
-                hex(&dumped[..24]),
-                "{name}: tc_netem_qopt"
-            );
+            assert_eq!(hex(&sent[..24]), hex(&dumped[..24]), "{name}: tc_netem_qopt");
             let dumped_attrs = attrs::parse("golden", &dumped[24..]).unwrap();
             for (kind, payload) in attrs::parse("golden", &sent[24..]).unwrap() {
-                assert_eq!(
-                    attrs::find(&dumped_attrs, kind).map(hex),
-                    Some(hex(payload)),
-                    "{name}: attribute {kind}"
-                );
+                assert_eq!(attrs::find(&dumped_attrs, kind).map(hex), Some(hex(payload)), "{name}: attribute {kind}");
             }
         }
         // A rate is something isthmus never sets: refused by name rather than silently dropped.
         let name = format!("{kernel}_netem_dump_rate");
         match decode_qdisc(&netem_dump(&name)) {
-            Err(DecodeError::Unsupported {
-                field: "TCA_NETEM_RATE",
-                ..
-            }) => {}
+            Err(DecodeError::Unsupported { field: "TCA_NETEM_RATE", .. }) => {}
             other => panic!("{name}: {other:?}"),
         }
     }

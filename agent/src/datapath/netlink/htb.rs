@@ -29,21 +29,10 @@ const TC_HTB_OPT_LEN: usize = 44;
 
 pub(super) fn encode_qdisc(htb: &HtbQdisc) -> Result<Vec<u8>, EncodeError> {
     if htb.rate2quantum == 0 {
-        return Err(EncodeError::out_of_range(
-            "htb qdisc",
-            "rate2quantum",
-            0,
-            "the kernel turns 0 into 1",
-        ));
+        return Err(EncodeError::out_of_range("htb qdisc", "rate2quantum", 0, "the kernel turns 0 into 1"));
     }
     let mut glob = Vec::with_capacity(TC_HTB_GLOB_LEN);
-    for field in [
-        TC_HTB_PROTOVER,
-        htb.rate2quantum,
-        htb.default_class,
-        0, /* debug */
-        0, /* direct_pkts */
-    ] {
+    for field in [TC_HTB_PROTOVER, htb.rate2quantum, htb.default_class, 0 /* debug */, 0 /* direct_pkts */] {
         glob.extend_from_slice(&field.to_ne_bytes());
     }
     let mut out = Vec::new();
@@ -55,15 +44,11 @@ pub(super) fn encode_qdisc(htb: &HtbQdisc) -> Result<Vec<u8>, EncodeError> {
 pub(super) fn decode_qdisc(options: &[u8]) -> Result<HtbQdisc, DecodeError> {
     const OBJECT: &str = "htb qdisc";
     let attrs = attrs::parse(OBJECT, options)?;
-    let init = attrs::find(&attrs, TCA_HTB_INIT).ok_or(DecodeError::Missing {
-        object: OBJECT,
-        field: "TCA_HTB_INIT",
-    })?;
+    let init =
+        attrs::find(&attrs, TCA_HTB_INIT).ok_or(DecodeError::Missing { object: OBJECT, field: "TCA_HTB_INIT" })?;
     let glob = attrs::fixed::<TC_HTB_GLOB_LEN>(OBJECT, "TCA_HTB_INIT", init)?;
-    let direct_qlen = attrs::find(&attrs, TCA_HTB_DIRECT_QLEN).ok_or(DecodeError::Missing {
-        object: OBJECT,
-        field: "TCA_HTB_DIRECT_QLEN",
-    })?;
+    let direct_qlen = attrs::find(&attrs, TCA_HTB_DIRECT_QLEN)
+        .ok_or(DecodeError::Missing { object: OBJECT, field: "TCA_HTB_DIRECT_QLEN" })?;
     Ok(HtbQdisc {
         rate2quantum: u32_at(&glob, 4),
         default_class: u32_at(&glob, 8),
@@ -74,47 +59,21 @@ pub(super) fn decode_qdisc(options: &[u8]) -> Result<HtbQdisc, DecodeError> {
 pub(super) fn encode_class(class: &HtbClass) -> Result<Vec<u8>, EncodeError> {
     const OBJECT: &str = "htb class";
     if class.rate_bytes_per_sec == 0 {
-        return Err(EncodeError::out_of_range(
-            OBJECT,
-            "rate_bytes_per_sec",
-            0,
-            "the kernel refuses a zero rate",
-        ));
+        return Err(EncodeError::out_of_range(OBJECT, "rate_bytes_per_sec", 0, "the kernel refuses a zero rate"));
     }
     if class.ceil_bytes_per_sec == 0 {
-        return Err(EncodeError::out_of_range(
-            OBJECT,
-            "ceil_bytes_per_sec",
-            0,
-            "the kernel refuses a zero ceil",
-        ));
+        return Err(EncodeError::out_of_range(OBJECT, "ceil_bytes_per_sec", 0, "the kernel refuses a zero ceil"));
     }
     if class.quantum == 0 {
-        return Err(EncodeError::out_of_range(
-            OBJECT,
-            "quantum",
-            0,
-            "the kernel derives its own quantum for 0",
-        ));
+        return Err(EncodeError::out_of_range(OBJECT, "quantum", 0, "the kernel derives its own quantum for 0"));
     }
     if class.prio >= TC_HTB_NUMPRIO {
-        return Err(EncodeError::out_of_range(
-            OBJECT,
-            "prio",
-            class.prio,
-            "the kernel clamps prio to 7",
-        ));
+        return Err(EncodeError::out_of_range(OBJECT, "prio", class.prio, "the kernel clamps prio to 7"));
     }
     let mut opt = Vec::with_capacity(TC_HTB_OPT_LEN);
     opt.extend_from_slice(&ratespec(class.rate_bytes_per_sec));
     opt.extend_from_slice(&ratespec(class.ceil_bytes_per_sec));
-    for field in [
-        class.buffer_ticks,
-        class.cbuffer_ticks,
-        class.quantum,
-        0, /* level */
-        class.prio,
-    ] {
+    for field in [class.buffer_ticks, class.cbuffer_ticks, class.quantum, 0 /* level */, class.prio] {
         opt.extend_from_slice(&field.to_ne_bytes());
     }
     // iproute2's order: 64-bit rates, then the parameters.
@@ -132,17 +91,13 @@ pub(super) fn encode_class(class: &HtbClass) -> Result<Vec<u8>, EncodeError> {
 pub(super) fn decode_class(options: &[u8]) -> Result<HtbClass, DecodeError> {
     const OBJECT: &str = "htb class";
     let attrs = attrs::parse(OBJECT, options)?;
-    let parms = attrs::find(&attrs, TCA_HTB_PARMS).ok_or(DecodeError::Missing {
-        object: OBJECT,
-        field: "TCA_HTB_PARMS",
-    })?;
+    let parms =
+        attrs::find(&attrs, TCA_HTB_PARMS).ok_or(DecodeError::Missing { object: OBJECT, field: "TCA_HTB_PARMS" })?;
     let opt = attrs::fixed::<TC_HTB_OPT_LEN>(OBJECT, "TCA_HTB_PARMS", parms)?;
-    let rate64 = attrs::find(&attrs, TCA_HTB_RATE64)
-        .map(|v| attrs::u64_attr(OBJECT, "TCA_HTB_RATE64", v))
-        .transpose()?;
-    let ceil64 = attrs::find(&attrs, TCA_HTB_CEIL64)
-        .map(|v| attrs::u64_attr(OBJECT, "TCA_HTB_CEIL64", v))
-        .transpose()?;
+    let rate64 =
+        attrs::find(&attrs, TCA_HTB_RATE64).map(|v| attrs::u64_attr(OBJECT, "TCA_HTB_RATE64", v)).transpose()?;
+    let ceil64 =
+        attrs::find(&attrs, TCA_HTB_CEIL64).map(|v| attrs::u64_attr(OBJECT, "TCA_HTB_CEIL64", v)).transpose()?;
     Ok(HtbClass {
         // psched_ratecfg_precompute: the larger of the 32-bit field and the 64-bit attribute.
         rate_bytes_per_sec: ratespec_rate(&opt[0..12]).max(rate64.unwrap_or(0)),

@@ -8,9 +8,7 @@
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use netlink_packet_core::{
-    NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, NetlinkHeader, NetlinkMessage, NetlinkPayload,
-};
+use netlink_packet_core::{NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, NetlinkHeader, NetlinkMessage, NetlinkPayload};
 use netlink_packet_route::RouteNetlinkMessage;
 use netlink_packet_route::tc::{TcHandle, TcMessage};
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
@@ -25,25 +23,10 @@ struct Namespace {
 impl Namespace {
     fn create() -> Namespace {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let name = format!(
-            "isth-codec-{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        );
+        let name = format!("isth-codec-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
         let namespace = Namespace { name };
         namespace.ip(&["netns", "add", &namespace.name]);
-        namespace.ip(&[
-            "-n",
-            &namespace.name,
-            "link",
-            "add",
-            "v0",
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "v1",
-        ]);
+        namespace.ip(&["-n", &namespace.name, "link", "add", "v0", "type", "veth", "peer", "name", "v1"]);
         namespace.ip(&["-n", &namespace.name, "link", "set", "v0", "up"]);
         namespace
     }
@@ -63,15 +46,9 @@ impl Namespace {
     }
 
     fn ifindex(&self) -> u32 {
-        let out = Command::new("ip")
-            .args(["-n", &self.name, "-o", "link", "show", "v0"])
-            .output()
-            .expect("run ip");
+        let out = Command::new("ip").args(["-n", &self.name, "-o", "link", "show", "v0"]).output().expect("run ip");
         let text = String::from_utf8_lossy(&out.stdout);
-        text.split(':')
-            .next()
-            .and_then(|n| n.trim().parse().ok())
-            .expect("ifindex of v0")
+        text.split(':').next().and_then(|n| n.trim().parse().ok()).expect("ifindex of v0")
     }
 
     /// A route netlink socket inside the namespace, opened from a short-lived thread.
@@ -93,9 +70,7 @@ impl Namespace {
 
 impl Drop for Namespace {
     fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .status();
+        let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
     }
 }
 
@@ -150,20 +125,12 @@ fn install(socket: &Socket, operation: Operation, ifindex: u32) {
     }
 }
 
-fn dump(
-    socket: &Socket,
-    ifindex: u32,
-    get: fn(TcMessage) -> RouteNetlinkMessage,
-    parent: Handle,
-) -> Vec<TcMessage> {
+fn dump(socket: &Socket, ifindex: u32, get: fn(TcMessage) -> RouteNetlinkMessage, parent: Handle) -> Vec<TcMessage> {
     let mut tc = TcMessage::with_index(ifindex as i32);
     tc.header.parent = TcHandle::from(parent.0);
     let mut header = NetlinkHeader::default();
     header.flags = NLM_F_REQUEST | NLM_F_DUMP;
-    send(
-        socket,
-        NetlinkMessage::new(header, NetlinkPayload::InnerMessage(get(tc))),
-    );
+    send(socket, NetlinkMessage::new(header, NetlinkPayload::InnerMessage(get(tc))));
     let mut out = Vec::new();
     loop {
         for message in receive(socket) {
@@ -179,10 +146,7 @@ fn dump(
                 }
                 NetlinkPayload::Done(_) => return out,
                 NetlinkPayload::Error(e) => panic!("dump failed: {e:?}"),
-                other => panic!(
-                    "unexpected {other:?} (type {})",
-                    message.header.message_type
-                ),
+                other => panic!("unexpected {other:?} (type {})", message.header.message_type),
             }
             if message.header.message_type == NLMSG_DONE {
                 return out;
@@ -196,50 +160,31 @@ fn ifindex_matches(message: &TcMessage, wanted: u32) -> bool {
 }
 
 fn qdiscs(socket: &Socket, ifindex: u32) -> Vec<Qdisc> {
-    dump(
-        socket,
-        ifindex,
-        RouteNetlinkMessage::GetQueueDiscipline,
-        Handle::UNSPEC,
-    )
-    .iter()
-    .map(|m| decode_qdisc(m).expect("qdisc decodes").0)
-    .collect()
+    dump(socket, ifindex, RouteNetlinkMessage::GetQueueDiscipline, Handle::UNSPEC)
+        .iter()
+        .map(|m| decode_qdisc(m).expect("qdisc decodes").0)
+        .collect()
 }
 
 fn classes(socket: &Socket, ifindex: u32) -> Vec<Class> {
-    dump(
-        socket,
-        ifindex,
-        RouteNetlinkMessage::GetTrafficClass,
-        Handle::UNSPEC,
-    )
-    .iter()
-    .map(|m| decode_class(m).expect("class decodes").0)
-    .collect()
+    dump(socket, ifindex, RouteNetlinkMessage::GetTrafficClass, Handle::UNSPEC)
+        .iter()
+        .map(|m| decode_class(m).expect("class decodes").0)
+        .collect()
 }
 
 fn filters(socket: &Socket, ifindex: u32) -> Vec<Filter> {
-    dump(
-        socket,
-        ifindex,
-        RouteNetlinkMessage::GetTrafficFilter,
-        Handle::new(1, 0),
-    )
-    .iter()
-    .map(|m| decode_filter(m).expect("filter decodes"))
-    .collect()
+    dump(socket, ifindex, RouteNetlinkMessage::GetTrafficFilter, Handle::new(1, 0))
+        .iter()
+        .map(|m| decode_filter(m).expect("filter decodes"))
+        .collect()
 }
 
 fn root() -> Qdisc {
     Qdisc {
         handle: Handle::new(1, 0),
         parent: Handle::ROOT,
-        kind: QdiscKind::Htb(HtbQdisc {
-            default_class: 0xffff,
-            rate2quantum: 10,
-            direct_qlen: 1000,
-        }),
+        kind: QdiscKind::Htb(HtbQdisc { default_class: 0xffff, rate2quantum: 10, direct_qlen: 1000 }),
     }
 }
 
@@ -272,12 +217,7 @@ fn tbf(major: u16, parent: Handle, rate: u64, burst: u32, limit: u32) -> Qdisc {
 }
 
 fn u32_filter(priority: u16, protocol: u16, filter: U32Filter) -> Filter {
-    Filter {
-        parent: Handle::new(1, 0),
-        priority,
-        protocol,
-        kind: FilterKind::U32(filter),
-    }
+    Filter { parent: Handle::new(1, 0), priority, protocol, kind: FilterKind::U32(filter) }
 }
 
 fn entry(handle: u32, table: u32, keys: Vec<U32Key>, class: u16) -> U32Filter {
@@ -286,12 +226,7 @@ fn entry(handle: u32, table: u32, keys: Vec<U32Key>, class: u16) -> U32Filter {
         divisor: None,
         link: None,
         hash_table: Some(table),
-        selector: Some(U32Selector {
-            terminal: true,
-            hash_mask: 0,
-            hash_offset: 0,
-            keys,
-        }),
+        selector: Some(U32Selector { terminal: true, hash_mask: 0, hash_offset: 0, keys }),
         class_id: Some(Handle::new(1, class)),
     }
 }
@@ -301,13 +236,7 @@ fn the_tree() -> (Vec<Qdisc>, Vec<Class>, Vec<Filter>) {
         root(),
         tbf(0x10, Handle::new(1, 0x10), 12_500_000, 32_768, 100_000),
         // 40 Gbit/s: RATE64.
-        tbf(
-            0x11,
-            Handle::new(1, 0x11),
-            5_000_000_000,
-            1 << 20,
-            1_000_000,
-        ),
+        tbf(0x11, Handle::new(1, 0x11), 5_000_000_000, 1 << 20, 1_000_000),
     ];
     let classes = vec![
         class(0x10, 125_000_000, 125_000_000, 15_000),
@@ -333,11 +262,7 @@ fn the_tree() -> (Vec<Qdisc>, Vec<Class>, Vec<Filter>) {
             terminal: false,
             hash_mask: 0xff,
             hash_offset: 16,
-            keys: vec![U32Key {
-                mask: 0,
-                value: 0,
-                offset: 0,
-            }],
+            keys: vec![U32Key { mask: 0, value: 0, offset: 0 }],
         }),
         class_id: None,
     };
@@ -347,30 +272,12 @@ fn the_tree() -> (Vec<Qdisc>, Vec<Class>, Vec<Filter>) {
         u32_filter(
             1,
             ETH_P_IP,
-            entry(
-                0x0020_1001,
-                0x0020_1000,
-                vec![U32Key {
-                    mask: u32::MAX,
-                    value: 0x0a00_0001,
-                    offset: 16,
-                }],
-                0x10,
-            ),
+            entry(0x0020_1001, 0x0020_1000, vec![U32Key { mask: u32::MAX, value: 0x0a00_0001, offset: 16 }], 0x10),
         ),
         u32_filter(
             1,
             ETH_P_IP,
-            entry(
-                0x8000_0002,
-                0x8000_0000,
-                vec![U32Key {
-                    mask: 0xffff_0000,
-                    value: 0x0a01_0000,
-                    offset: 16,
-                }],
-                0x11,
-            ),
+            entry(0x8000_0002, 0x8000_0000, vec![U32Key { mask: 0xffff_0000, value: 0x0a01_0000, offset: 16 }], 0x11),
         ),
         u32_filter(
             2,
@@ -379,26 +286,10 @@ fn the_tree() -> (Vec<Qdisc>, Vec<Class>, Vec<Filter>) {
                 0x8010_0001,
                 0x8010_0000,
                 vec![
-                    U32Key {
-                        mask: u32::MAX,
-                        value: 0x2001_0db8,
-                        offset: 24,
-                    },
-                    U32Key {
-                        mask: u32::MAX,
-                        value: 0,
-                        offset: 28,
-                    },
-                    U32Key {
-                        mask: u32::MAX,
-                        value: 0,
-                        offset: 32,
-                    },
-                    U32Key {
-                        mask: u32::MAX,
-                        value: 1,
-                        offset: 36,
-                    },
+                    U32Key { mask: u32::MAX, value: 0x2001_0db8, offset: 24 },
+                    U32Key { mask: u32::MAX, value: 0, offset: 28 },
+                    U32Key { mask: u32::MAX, value: 0, offset: 32 },
+                    U32Key { mask: u32::MAX, value: 1, offset: 36 },
                 ],
                 0x11,
             ),
@@ -406,16 +297,7 @@ fn the_tree() -> (Vec<Qdisc>, Vec<Class>, Vec<Filter>) {
         u32_filter(
             3,
             ETH_P_ALL,
-            entry(
-                0x8020_0001,
-                0x8020_0000,
-                vec![U32Key {
-                    mask: 0,
-                    value: 0,
-                    offset: 0,
-                }],
-                0xffff,
-            ),
+            entry(0x8020_0001, 0x8020_0000, vec![U32Key { mask: 0, value: 0, offset: 0 }], 0xffff),
         ),
     ];
     (qdiscs, classes, filters)
@@ -423,11 +305,7 @@ fn the_tree() -> (Vec<Qdisc>, Vec<Class>, Vec<Filter>) {
 
 fn install_tree(socket: &Socket, ifindex: u32) -> (Vec<Qdisc>, Vec<Class>, Vec<Filter>) {
     let (qdiscs, classes, filters) = the_tree();
-    install(
-        socket,
-        Operation::Add(TcObject::Qdisc(qdiscs[0].clone())),
-        ifindex,
-    );
+    install(socket, Operation::Add(TcObject::Qdisc(qdiscs[0].clone())), ifindex);
     for c in &classes {
         install(socket, Operation::Add(TcObject::Class(c.clone())), ifindex);
     }
@@ -441,10 +319,7 @@ fn install_tree(socket: &Socket, ifindex: u32) -> (Vec<Qdisc>, Vec<Class>, Vec<F
 }
 
 fn assert_contains<T: PartialEq + std::fmt::Debug>(dumped: &[T], wanted: &T) {
-    assert!(
-        dumped.contains(wanted),
-        "{wanted:?} not in the dump:\n{dumped:#?}"
-    );
+    assert!(dumped.contains(wanted), "{wanted:?} not in the dump:\n{dumped:#?}");
 }
 
 #[test]
@@ -462,18 +337,11 @@ fn encoded_tree_dumps_back_as_the_model() {
     }
     let dumped = classes(&socket, ifindex);
     // TBF shows its single internal class (10:1, kind "tbf") too.
-    let htb_classes = dumped
-        .iter()
-        .filter(|c| matches!(c.kind, ClassKind::Htb(_)))
-        .count();
+    let htb_classes = dumped.iter().filter(|c| matches!(c.kind, ClassKind::Htb(_))).count();
     assert_eq!(htb_classes, classes_sent.len(), "{dumped:#?}");
     assert_contains(
         &dumped,
-        &Class {
-            handle: Handle::new(0x10, 1),
-            parent: Handle::new(0x10, 0),
-            kind: ClassKind::Foreign("tbf".into()),
-        },
+        &Class { handle: Handle::new(0x10, 1), parent: Handle::new(0x10, 0), kind: ClassKind::Foreign("tbf".into()) },
     );
     for c in &classes_sent {
         assert_contains(&dumped, c);
@@ -484,15 +352,10 @@ fn encoded_tree_dumps_back_as_the_model() {
     }
     // Besides what was sent: one handle-0 entry per priority and the generated root tables (divisor 1).
     for f in dumped.iter().filter(|f| !filters_sent.contains(f)) {
-        let FilterKind::U32(u) = &f.kind else {
-            panic!("foreign filter {f:?}")
-        };
+        let FilterKind::U32(u) = &f.kind else { panic!("foreign filter {f:?}") };
         let generated_root = u.divisor == Some(1) && u.handle >> 20 >= 0x800;
         let placeholder = u.handle == 0 && u.selector.is_none() && u.divisor.is_none();
-        assert!(
-            generated_root || placeholder,
-            "unexpected dumped filter {f:?}"
-        );
+        assert!(generated_root || placeholder, "unexpected dumped filter {f:?}");
     }
 }
 
@@ -506,35 +369,15 @@ fn changes_apply_in_place_and_deletes_remove() {
     let (qdiscs_sent, classes_sent, filters_sent) = install_tree(&socket, ifindex);
 
     let faster_tbf = tbf(0x10, Handle::new(1, 0x10), 25_000_000, 65_536, 200_000);
-    assert!(changes_in_place(
-        &TcObject::Qdisc(qdiscs_sent[1].clone()),
-        &TcObject::Qdisc(faster_tbf.clone())
-    ));
-    install(
-        &socket,
-        Operation::Change(TcObject::Qdisc(faster_tbf.clone())),
-        ifindex,
-    );
+    assert!(changes_in_place(&TcObject::Qdisc(qdiscs_sent[1].clone()), &TcObject::Qdisc(faster_tbf.clone())));
+    install(&socket, Operation::Change(TcObject::Qdisc(faster_tbf.clone())), ifindex);
     let slower_class = class(0x10, 12_500_000, 125_000_000, 30_000);
-    install(
-        &socket,
-        Operation::Change(TcObject::Class(slower_class.clone())),
-        ifindex,
-    );
+    install(&socket, Operation::Change(TcObject::Class(slower_class.clone())), ifindex);
     let mut retargeted = filters_sent[2].clone();
-    let FilterKind::U32(u) = &mut retargeted.kind else {
-        unreachable!()
-    };
+    let FilterKind::U32(u) = &mut retargeted.kind else { unreachable!() };
     u.class_id = Some(Handle::new(1, 0x11));
-    assert!(changes_in_place(
-        &TcObject::Filter(filters_sent[2].clone()),
-        &TcObject::Filter(retargeted.clone())
-    ));
-    install(
-        &socket,
-        Operation::Change(TcObject::Filter(retargeted.clone())),
-        ifindex,
-    );
+    assert!(changes_in_place(&TcObject::Filter(filters_sent[2].clone()), &TcObject::Filter(retargeted.clone())));
+    install(&socket, Operation::Change(TcObject::Filter(retargeted.clone())), ifindex);
 
     let dumped = qdiscs(&socket, ifindex);
     assert_contains(&dumped, &faster_tbf);
@@ -543,33 +386,13 @@ fn changes_apply_in_place_and_deletes_remove() {
     assert_contains(&filters(&socket, ifindex), &retargeted);
 
     // Deletes, leaves first.
-    install(
-        &socket,
-        Operation::Delete(TcObject::Filter(retargeted.clone())),
-        ifindex,
-    );
-    install(
-        &socket,
-        Operation::Delete(TcObject::Qdisc(faster_tbf.clone())),
-        ifindex,
-    );
+    install(&socket, Operation::Delete(TcObject::Filter(retargeted.clone())), ifindex);
+    install(&socket, Operation::Delete(TcObject::Qdisc(faster_tbf.clone())), ifindex);
     assert!(!filters(&socket, ifindex).contains(&retargeted));
-    assert!(
-        !qdiscs(&socket, ifindex)
-            .iter()
-            .any(|q| q.handle == faster_tbf.handle)
-    );
+    assert!(!qdiscs(&socket, ifindex).iter().any(|q| q.handle == faster_tbf.handle));
     // The class is still the target of filter 800::2 (1:11), not 1:10: 1:10 can go.
-    install(
-        &socket,
-        Operation::Delete(TcObject::Class(slower_class.clone())),
-        ifindex,
-    );
-    assert!(
-        !classes(&socket, ifindex)
-            .iter()
-            .any(|c| c.handle == slower_class.handle)
-    );
+    install(&socket, Operation::Delete(TcObject::Class(slower_class.clone())), ifindex);
+    assert!(!classes(&socket, ifindex).iter().any(|c| c.handle == slower_class.handle));
     let _ = classes_sent;
 }
 
@@ -582,47 +405,19 @@ fn kernel_refusals_carry_their_extack_text() {
     let (socket, ifindex) = (ns.socket(), ns.ifindex());
     install(&socket, Operation::Add(TcObject::Qdisc(root())), ifindex);
 
-    let refusal = request(
-        &socket,
-        &Operation::Change(TcObject::Qdisc(root())),
-        ifindex,
-    )
-    .unwrap_err();
+    let refusal = request(&socket, &Operation::Change(TcObject::Qdisc(root())), ifindex).unwrap_err();
     assert_eq!(refusal.code, libc::EINVAL);
-    assert_eq!(
-        refusal.message.as_deref(),
-        Some("Change operation not supported by specified qdisc")
-    );
-    assert!(!changes_in_place(
-        &TcObject::Qdisc(root()),
-        &TcObject::Qdisc(root())
-    ));
+    assert_eq!(refusal.message.as_deref(), Some("Change operation not supported by specified qdisc"));
+    assert!(!changes_in_place(&TcObject::Qdisc(root()), &TcObject::Qdisc(root())));
 
     let refusal = request(&socket, &Operation::Add(TcObject::Qdisc(root())), ifindex).unwrap_err();
     assert_eq!(refusal.code, libc::EEXIST);
-    assert!(
-        refusal
-            .message
-            .as_deref()
-            .is_some_and(|m| m.contains("Exclusivity flag on")),
-        "{refusal:?}"
-    );
-    assert!(
-        refusal.to_string().contains("Exclusivity flag on"),
-        "{refusal}"
-    );
+    assert!(refusal.message.as_deref().is_some_and(|m| m.contains("Exclusivity flag on")), "{refusal:?}");
+    assert!(refusal.to_string().contains("Exclusivity flag on"), "{refusal}");
 
     let missing = tbf(0x42, Handle::new(1, 0x42), 12_500_000, 32_768, 1000);
-    let refusal = request(
-        &socket,
-        &Operation::Change(TcObject::Qdisc(missing)),
-        ifindex,
-    )
-    .unwrap_err();
-    assert!(
-        refusal.code == libc::ENOENT || refusal.code == libc::EINVAL,
-        "{refusal:?}"
-    );
+    let refusal = request(&socket, &Operation::Change(TcObject::Qdisc(missing)), ifindex).unwrap_err();
+    assert!(refusal.code == libc::ENOENT || refusal.code == libc::EINVAL, "{refusal:?}");
 }
 
 #[test]
@@ -641,23 +436,14 @@ fn kernel_tick_arithmetic_matches_psched() {
         ("7777kbit", 972_125, 10_000),
     ];
     for (rate, bytes_per_sec, burst) in cases {
-        ns.tc(&format!(
-            "qdisc replace dev v0 parent 1:10 handle 10: tbf rate {rate} burst {burst} limit 10000"
-        ));
+        ns.tc(&format!("qdisc replace dev v0 parent 1:10 handle 10: tbf rate {rate} burst {burst} limit 10000"));
         let dumped = qdiscs(&socket, ifindex);
-        let tbf = dumped
-            .iter()
-            .find(|q| q.handle == Handle::new(0x10, 0))
-            .expect("tbf dumped");
+        let tbf = dumped.iter().find(|q| q.handle == Handle::new(0x10, 0)).expect("tbf dumped");
         let expected = Tbf {
             rate_bytes_per_sec: bytes_per_sec,
             buffer_ticks: psched::buffer_ticks(bytes_per_sec, burst).unwrap(),
             limit_bytes: 10_000,
         };
-        assert_eq!(
-            tbf.kind,
-            QdiscKind::Tbf(expected),
-            "tbf rate {rate} burst {burst}"
-        );
+        assert_eq!(tbf.kind, QdiscKind::Tbf(expected), "tbf rate {rate} burst {burst}");
     }
 }

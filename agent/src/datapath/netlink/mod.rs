@@ -54,16 +54,13 @@ pub mod u32;
 
 use isthmus_agent_api::Counters;
 use netlink_packet_core::{
-    NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage,
-    NetlinkPayload,
+    NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
 };
 use netlink_packet_route::RouteNetlinkMessage;
 use netlink_packet_route::tc::{TcAttribute, TcHandle, TcMessage, TcOption};
 
 pub use self::extack::{KernelError, enable_extended_ack};
-use super::model::{
-    Class, ClassKind, Filter, FilterKind, Handle, Operation, Qdisc, QdiscKind, TcObject,
-};
+use super::model::{Class, ClassKind, Filter, FilterKind, Handle, Operation, Qdisc, QdiscKind, TcObject};
 
 /// `TCA_OPTIONS`, sent as a raw attribute for the kinds netlink-packet-route does not model.
 const TCA_OPTIONS: u16 = 2;
@@ -73,28 +70,13 @@ const TC_LINKLAYER_ETHERNET: u8 = 1;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DecodeError {
     #[error("{object}: {field} has {got} bytes, expected {expected}")]
-    Length {
-        object: &'static str,
-        field: &'static str,
-        expected: usize,
-        got: usize,
-    },
+    Length { object: &'static str, field: &'static str, expected: usize, got: usize },
     #[error("{object}: {field} is missing")]
-    Missing {
-        object: &'static str,
-        field: &'static str,
-    },
+    Missing { object: &'static str, field: &'static str },
     #[error("{object}: malformed attributes: {detail}")]
-    Malformed {
-        object: &'static str,
-        detail: String,
-    },
+    Malformed { object: &'static str, detail: String },
     #[error("{object}: {field} ({detail}) is set, which isthmus does not model")]
-    Unsupported {
-        object: &'static str,
-        field: &'static str,
-        detail: String,
-    },
+    Unsupported { object: &'static str, field: &'static str, detail: String },
 }
 
 /// An operation the codec refuses to encode.
@@ -105,27 +87,12 @@ pub enum EncodeError {
     )]
     Foreign { object: &'static str, kind: String },
     #[error("{object}: {field} = {value}: {reason}")]
-    OutOfRange {
-        object: &'static str,
-        field: &'static str,
-        value: String,
-        reason: &'static str,
-    },
+    OutOfRange { object: &'static str, field: &'static str, value: String, reason: &'static str },
 }
 
 impl EncodeError {
-    fn out_of_range(
-        object: &'static str,
-        field: &'static str,
-        value: impl ToString,
-        reason: &'static str,
-    ) -> Self {
-        EncodeError::OutOfRange {
-            object,
-            field,
-            value: value.to_string(),
-            reason,
-        }
+    fn out_of_range(object: &'static str, field: &'static str, value: impl ToString, reason: &'static str) -> Self {
+        EncodeError::OutOfRange { object, field, value: value.to_string(), reason }
     }
 }
 
@@ -157,8 +124,7 @@ pub fn changes_in_place(from: &TcObject, to: &TcObject) -> bool {
                 && a.parent == b.parent
                 && matches!(
                     (&a.kind, &b.kind),
-                    (QdiscKind::Tbf(_), QdiscKind::Tbf(_))
-                        | (QdiscKind::Netem(_), QdiscKind::Netem(_))
+                    (QdiscKind::Tbf(_), QdiscKind::Tbf(_)) | (QdiscKind::Netem(_), QdiscKind::Netem(_))
                 )
         }
         (TcObject::Class(a), TcObject::Class(b)) => {
@@ -184,10 +150,7 @@ pub fn changes_in_place(from: &TcObject, to: &TcObject) -> bool {
 }
 
 /// One rtnetlink request for `operation` on interface `ifindex`. See the module documentation for flags.
-pub fn encode(
-    operation: &Operation,
-    ifindex: u32,
-) -> Result<NetlinkMessage<RouteNetlinkMessage>, EncodeError> {
+pub fn encode(operation: &Operation, ifindex: u32) -> Result<NetlinkMessage<RouteNetlinkMessage>, EncodeError> {
     const CREATE: u16 = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL;
     const CHANGE: u16 = NLM_F_REQUEST | NLM_F_ACK;
     const DELETE: u16 = NLM_F_REQUEST | NLM_F_ACK;
@@ -233,10 +196,7 @@ fn new_message(object: &TcObject, ifindex: u32) -> Result<RouteNetlinkMessage, E
                 QdiscKind::Tbf(tbf) => raw_options("tbf", tbf::encode(tbf)?),
                 QdiscKind::Netem(netem) => raw_options("netem", netem::encode(netem)?),
                 QdiscKind::Foreign(kind) => {
-                    return Err(EncodeError::Foreign {
-                        object: "qdisc",
-                        kind: kind.clone(),
-                    });
+                    return Err(EncodeError::Foreign { object: "qdisc", kind: kind.clone() });
                 }
             };
             RouteNetlinkMessage::NewQueueDiscipline(message)
@@ -246,33 +206,20 @@ fn new_message(object: &TcObject, ifindex: u32) -> Result<RouteNetlinkMessage, E
             message.attributes = match &class.kind {
                 ClassKind::Htb(htb) => raw_options("htb", htb::encode_class(htb)?),
                 ClassKind::Foreign(kind) => {
-                    return Err(EncodeError::Foreign {
-                        object: "class",
-                        kind: kind.clone(),
-                    });
+                    return Err(EncodeError::Foreign { object: "class", kind: kind.clone() });
                 }
             };
             RouteNetlinkMessage::NewTrafficClass(message)
         }
         TcObject::Filter(filter) => {
             let FilterKind::U32(u32_filter) = &filter.kind else {
-                let FilterKind::Foreign(kind) = &filter.kind else {
-                    unreachable!()
-                };
-                return Err(EncodeError::Foreign {
-                    object: "filter",
-                    kind: kind.clone(),
-                });
+                let FilterKind::Foreign(kind) = &filter.kind else { unreachable!() };
+                return Err(EncodeError::Foreign { object: "filter", kind: kind.clone() });
             };
             let mut message = filter_header(ifindex, filter, u32_filter.handle);
             message.attributes = vec![
                 TcAttribute::Kind("u32".to_string()),
-                TcAttribute::Options(
-                    u32::encode(u32_filter)
-                        .into_iter()
-                        .map(TcOption::U32)
-                        .collect(),
-                ),
+                TcAttribute::Options(u32::encode(u32_filter).into_iter().map(TcOption::U32).collect()),
             ];
             RouteNetlinkMessage::NewTrafficFilter(message)
         }
@@ -281,11 +228,9 @@ fn new_message(object: &TcObject, ifindex: u32) -> Result<RouteNetlinkMessage, E
 
 fn delete_message(object: &TcObject, ifindex: u32) -> RouteNetlinkMessage {
     match object {
-        TcObject::Qdisc(qdisc) => RouteNetlinkMessage::DelQueueDiscipline(tc_header(
-            ifindex,
-            qdisc.handle.0,
-            qdisc.parent,
-        )),
+        TcObject::Qdisc(qdisc) => {
+            RouteNetlinkMessage::DelQueueDiscipline(tc_header(ifindex, qdisc.handle.0, qdisc.parent))
+        }
         TcObject::Class(class) => {
             RouteNetlinkMessage::DelTrafficClass(tc_header(ifindex, class.handle.0, class.parent))
         }
@@ -325,10 +270,7 @@ fn raw_options_of(message: &TcMessage) -> Option<Vec<u8>> {
 }
 
 fn required_options(message: &TcMessage, object: &'static str) -> Result<Vec<u8>, DecodeError> {
-    raw_options_of(message).ok_or(DecodeError::Missing {
-        object,
-        field: "TCA_OPTIONS",
-    })
+    raw_options_of(message).ok_or(DecodeError::Missing { object, field: "TCA_OPTIONS" })
 }
 
 /// A dumped qdisc and its counters.
@@ -339,17 +281,11 @@ pub fn decode_qdisc(message: &TcMessage) -> Result<(Qdisc, Counters), DecodeErro
         Some("netem") => QdiscKind::Netem(netem::decode(&required_options(message, "netem")?)?),
         Some(other) => QdiscKind::Foreign(other.to_string()),
         None => {
-            return Err(DecodeError::Missing {
-                object: "qdisc",
-                field: "TCA_KIND",
-            });
+            return Err(DecodeError::Missing { object: "qdisc", field: "TCA_KIND" });
         }
     };
-    let qdisc = Qdisc {
-        handle: Handle(message.header.handle.into()),
-        parent: Handle(message.header.parent.into()),
-        kind,
-    };
+    let qdisc =
+        Qdisc { handle: Handle(message.header.handle.into()), parent: Handle(message.header.parent.into()), kind };
     Ok((qdisc, stats::counters(&message.attributes)))
 }
 
@@ -359,17 +295,11 @@ pub fn decode_class(message: &TcMessage) -> Result<(Class, Counters), DecodeErro
         Some("htb") => ClassKind::Htb(htb::decode_class(&required_options(message, "htb class")?)?),
         Some(other) => ClassKind::Foreign(other.to_string()),
         None => {
-            return Err(DecodeError::Missing {
-                object: "class",
-                field: "TCA_KIND",
-            });
+            return Err(DecodeError::Missing { object: "class", field: "TCA_KIND" });
         }
     };
-    let class = Class {
-        handle: Handle(message.header.handle.into()),
-        parent: Handle(message.header.parent.into()),
-        kind,
-    };
+    let class =
+        Class { handle: Handle(message.header.handle.into()), parent: Handle(message.header.parent.into()), kind };
     Ok((class, stats::counters(&message.attributes)))
 }
 
@@ -389,20 +319,14 @@ pub fn decode_filter(message: &TcMessage) -> Result<Filter, DecodeError> {
                 .flatten()
                 .map(|option| match option {
                     TcOption::U32(u) => Ok(u.clone()),
-                    _ => Err(DecodeError::Malformed {
-                        object: "u32 filter",
-                        detail: format!("option {option:?}"),
-                    }),
+                    _ => Err(DecodeError::Malformed { object: "u32 filter", detail: format!("option {option:?}") }),
                 })
                 .collect::<Result<_, _>>()?;
             FilterKind::U32(u32::decode(handle, &options)?)
         }
         Some(other) => FilterKind::Foreign(other.to_string()),
         None => {
-            return Err(DecodeError::Missing {
-                object: "filter",
-                field: "TCA_KIND",
-            });
+            return Err(DecodeError::Missing { object: "filter", field: "TCA_KIND" });
         }
     };
     Ok(Filter {

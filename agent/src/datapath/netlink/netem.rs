@@ -47,12 +47,7 @@ fn words(values: &[u32]) -> Vec<u8> {
 pub(super) fn encode(netem: &Netem) -> Result<Vec<u8>, EncodeError> {
     const OBJECT: &str = "netem";
     if netem.latency_ns < 0 {
-        return Err(EncodeError::out_of_range(
-            OBJECT,
-            "latency_ns",
-            netem.latency_ns,
-            "must not be negative",
-        ));
+        return Err(EncodeError::out_of_range(OBJECT, "latency_ns", netem.latency_ns, "must not be negative"));
     }
     if !(0..=i64::from(i32::MAX)).contains(&netem.jitter_ns) {
         return Err(EncodeError::out_of_range(
@@ -64,21 +59,10 @@ pub(super) fn encode(netem: &Netem) -> Result<Vec<u8>, EncodeError> {
     }
     let (random_loss, loss_correlation) = match netem.loss {
         NetemLoss::None => (0, 0),
-        NetemLoss::Random {
-            probability: 0,
-            correlation: 0,
-        } => {
-            return Err(EncodeError::out_of_range(
-                OBJECT,
-                "loss",
-                "Random { 0, 0 }",
-                "that is NetemLoss::None",
-            ));
+        NetemLoss::Random { probability: 0, correlation: 0 } => {
+            return Err(EncodeError::out_of_range(OBJECT, "loss", "Random { 0, 0 }", "that is NetemLoss::None"));
         }
-        NetemLoss::Random {
-            probability,
-            correlation,
-        } => (probability, correlation),
+        NetemLoss::Random { probability, correlation } => (probability, correlation),
         NetemLoss::GilbertElliott { .. } => (0, 0),
     };
     let mut out = words(&[
@@ -89,31 +73,15 @@ pub(super) fn encode(netem: &Netem) -> Result<Vec<u8>, EncodeError> {
         netem.duplicate,
         saturated_ticks(netem.jitter_ns),
     ]);
-    attrs::push(
-        &mut out,
-        TCA_NETEM_LATENCY64,
-        &netem.latency_ns.to_ne_bytes(),
-    );
+    attrs::push(&mut out, TCA_NETEM_LATENCY64, &netem.latency_ns.to_ne_bytes());
     attrs::push(&mut out, TCA_NETEM_JITTER64, &netem.jitter_ns.to_ne_bytes());
     attrs::push(
         &mut out,
         TCA_NETEM_CORR,
-        &words(&[
-            netem.delay_correlation,
-            loss_correlation,
-            netem.duplicate_correlation,
-        ]),
+        &words(&[netem.delay_correlation, loss_correlation, netem.duplicate_correlation]),
     );
-    attrs::push(
-        &mut out,
-        TCA_NETEM_REORDER,
-        &words(&[netem.reorder, netem.reorder_correlation]),
-    );
-    attrs::push(
-        &mut out,
-        TCA_NETEM_CORRUPT,
-        &words(&[netem.corrupt, netem.corrupt_correlation]),
-    );
+    attrs::push(&mut out, TCA_NETEM_REORDER, &words(&[netem.reorder, netem.reorder_correlation]));
+    attrs::push(&mut out, TCA_NETEM_CORRUPT, &words(&[netem.corrupt, netem.corrupt_correlation]));
     if let NetemLoss::GilbertElliott { p, r, h, k1 } = netem.loss {
         let mut nest = Vec::new();
         attrs::push(&mut nest, NETEM_LOSS_GE, &words(&[p, r, h, k1]));
@@ -133,25 +101,20 @@ pub(super) fn decode(options: &[u8]) -> Result<Netem, DecodeError> {
             Ok((u32_at(&b, 0), u32_at(&b, 4)))
         })
     };
-    let unsupported = |field: &'static str, detail: String| DecodeError::Unsupported {
-        object: OBJECT,
-        field,
-        detail,
-    };
+    let unsupported = |field: &'static str, detail: String| DecodeError::Unsupported { object: OBJECT, field, detail };
     let delay64 = |kind: u16, field: &'static str, ticks: u32| -> Result<i64, DecodeError> {
         attrs::find(&attrs, kind).map_or(Ok(i64::from(ticks) << PSCHED_SHIFT), |v| {
             attrs::fixed::<8>(OBJECT, field, v).map(i64::from_ne_bytes)
         })
     };
 
-    let (delay_correlation, loss_correlation, duplicate_correlation) =
-        match attrs::find(&attrs, TCA_NETEM_CORR) {
-            Some(v) => {
-                let b = attrs::fixed::<12>(OBJECT, "TCA_NETEM_CORR", v)?;
-                (u32_at(&b, 0), u32_at(&b, 4), u32_at(&b, 8))
-            }
-            None => (0, 0, 0),
-        };
+    let (delay_correlation, loss_correlation, duplicate_correlation) = match attrs::find(&attrs, TCA_NETEM_CORR) {
+        Some(v) => {
+            let b = attrs::fixed::<12>(OBJECT, "TCA_NETEM_CORR", v)?;
+            (u32_at(&b, 0), u32_at(&b, 4), u32_at(&b, 8))
+        }
+        None => (0, 0, 0),
+    };
     let (reorder, reorder_correlation) = pair(TCA_NETEM_REORDER, "TCA_NETEM_REORDER")?;
     let (corrupt, corrupt_correlation) = pair(TCA_NETEM_CORRUPT, "TCA_NETEM_CORRUPT")?;
 
@@ -161,26 +124,15 @@ pub(super) fn decode(options: &[u8]) -> Result<Netem, DecodeError> {
             let models = attrs::parse(OBJECT, nest)?;
             if let Some(ge) = attrs::find(&models, NETEM_LOSS_GE) {
                 let b = attrs::fixed::<16>(OBJECT, "NETEM_LOSS_GE", ge)?;
-                NetemLoss::GilbertElliott {
-                    p: u32_at(&b, 0),
-                    r: u32_at(&b, 4),
-                    h: u32_at(&b, 8),
-                    k1: u32_at(&b, 12),
-                }
+                NetemLoss::GilbertElliott { p: u32_at(&b, 0), r: u32_at(&b, 4), h: u32_at(&b, 8), k1: u32_at(&b, 12) }
             } else if attrs::find(&models, NETEM_LOSS_GI).is_some() {
                 return Err(unsupported("NETEM_LOSS_GI", "4-state loss model".into()));
             } else {
-                return Err(unsupported(
-                    "TCA_NETEM_LOSS",
-                    "no loss model in the nest".into(),
-                ));
+                return Err(unsupported("TCA_NETEM_LOSS", "no loss model in the nest".into()));
             }
         }
         None if random_loss == 0 && loss_correlation == 0 => NetemLoss::None,
-        None => NetemLoss::Random {
-            probability: random_loss,
-            correlation: loss_correlation,
-        },
+        None => NetemLoss::Random { probability: random_loss, correlation: loss_correlation },
     };
 
     let is_set = |kind: u16| attrs::find(&attrs, kind).is_some_and(|v| v.iter().any(|b| *b != 0));
@@ -188,16 +140,10 @@ pub(super) fn decode(options: &[u8]) -> Result<Netem, DecodeError> {
         return Err(unsupported("TCA_NETEM_RATE", "netem rate limiting".into()));
     }
     if is_set(TCA_NETEM_RATE64) {
-        return Err(unsupported(
-            "TCA_NETEM_RATE64",
-            "netem rate limiting".into(),
-        ));
+        return Err(unsupported("TCA_NETEM_RATE64", "netem rate limiting".into()));
     }
     if is_set(TCA_NETEM_ECN) {
-        return Err(unsupported(
-            "TCA_NETEM_ECN",
-            "ECN marking instead of loss".into(),
-        ));
+        return Err(unsupported("TCA_NETEM_ECN", "ECN marking instead of loss".into()));
     }
     if attrs::find(&attrs, TCA_NETEM_SLOT).is_some() {
         return Err(unsupported("TCA_NETEM_SLOT", "slotted delivery".into()));

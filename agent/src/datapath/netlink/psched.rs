@@ -76,23 +76,13 @@ mod tests {
 
     #[test]
     fn burst_for_ticks_is_the_largest_burst_reporting_those_ticks() {
-        for rate in [
-            1_250_000u64,
-            12_500_000,
-            125_000_000,
-            5_000_000_000,
-            12_500_000_000,
-        ] {
+        for rate in [1_250_000u64, 12_500_000, 125_000_000, 5_000_000_000, 12_500_000_000] {
             for burst in [1514u32, 32_768, 1_000_000] {
                 let ticks = buffer_ticks(rate, burst).unwrap();
                 let largest = tbf_burst_for_ticks(rate, ticks).unwrap();
                 assert!(largest >= burst, "rate {rate} burst {burst}: {largest}");
                 assert_eq!(buffer_ticks(rate, largest), Some(ticks));
-                assert_ne!(
-                    buffer_ticks(rate, largest + 1),
-                    Some(ticks),
-                    "rate {rate} burst {burst}"
-                );
+                assert_ne!(buffer_ticks(rate, largest + 1), Some(ticks), "rate {rate} burst {burst}");
             }
         }
     }

@@ -30,10 +30,7 @@ pub(super) fn counters(attributes: &[TcAttribute]) -> Counters {
                     }
                     TcStats2::Other(nla) if nla.kind() == TCA_STATS_PKT64 => {
                         let value = attrs::default_nla_value(nla);
-                        packets64 = value
-                            .get(..8)
-                            .and_then(|b| b.try_into().ok())
-                            .map(u64::from_ne_bytes);
+                        packets64 = value.get(..8).and_then(|b| b.try_into().ok()).map(u64::from_ne_bytes);
                     }
                     _ => {}
                 }

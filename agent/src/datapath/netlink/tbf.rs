@@ -23,12 +23,7 @@ const TC_TBF_QOPT_LEN: usize = 36;
 pub(super) fn encode(tbf: &Tbf) -> Result<Vec<u8>, EncodeError> {
     const OBJECT: &str = "tbf";
     if tbf.rate_bytes_per_sec == 0 {
-        return Err(EncodeError::out_of_range(
-            OBJECT,
-            "rate_bytes_per_sec",
-            0,
-            "a token bucket needs a rate",
-        ));
+        return Err(EncodeError::out_of_range(OBJECT, "rate_bytes_per_sec", 0, "a token bucket needs a rate"));
     }
     let burst = tbf_burst_for_ticks(tbf.rate_bytes_per_sec, tbf.buffer_ticks).ok_or_else(|| {
         EncodeError::out_of_range(
@@ -41,11 +36,7 @@ pub(super) fn encode(tbf: &Tbf) -> Result<Vec<u8>, EncodeError> {
     let mut qopt = Vec::with_capacity(TC_TBF_QOPT_LEN);
     qopt.extend_from_slice(&ratespec(tbf.rate_bytes_per_sec));
     qopt.extend_from_slice(&[0; 12]); // no peak rate
-    for field in [
-        tbf.limit_bytes,
-        tbf.buffer_ticks,
-        0, /* mtu: only with a peak rate */
-    ] {
+    for field in [tbf.limit_bytes, tbf.buffer_ticks, 0 /* mtu: only with a peak rate */] {
         qopt.extend_from_slice(&field.to_ne_bytes());
     }
     // iproute2's order: parameters, burst, 64-bit rate.
@@ -61,14 +52,11 @@ pub(super) fn encode(tbf: &Tbf) -> Result<Vec<u8>, EncodeError> {
 pub(super) fn decode(options: &[u8]) -> Result<Tbf, DecodeError> {
     const OBJECT: &str = "tbf";
     let attrs = attrs::parse(OBJECT, options)?;
-    let parms = attrs::find(&attrs, TCA_TBF_PARMS).ok_or(DecodeError::Missing {
-        object: OBJECT,
-        field: "TCA_TBF_PARMS",
-    })?;
+    let parms =
+        attrs::find(&attrs, TCA_TBF_PARMS).ok_or(DecodeError::Missing { object: OBJECT, field: "TCA_TBF_PARMS" })?;
     let qopt = attrs::fixed::<TC_TBF_QOPT_LEN>(OBJECT, "TCA_TBF_PARMS", parms)?;
-    let rate64 = attrs::find(&attrs, TCA_TBF_RATE64)
-        .map(|v| attrs::u64_attr(OBJECT, "TCA_TBF_RATE64", v))
-        .transpose()?;
+    let rate64 =
+        attrs::find(&attrs, TCA_TBF_RATE64).map(|v| attrs::u64_attr(OBJECT, "TCA_TBF_RATE64", v)).transpose()?;
     let rate = ratespec_rate(&qopt[0..12]).max(rate64.unwrap_or(0));
     let buffer_ticks = match attrs::find(&attrs, TCA_TBF_BURST) {
         Some(burst) => {
@@ -76,16 +64,10 @@ pub(super) fn decode(options: &[u8]) -> Result<Tbf, DecodeError> {
             buffer_ticks(rate, burst).ok_or(DecodeError::Unsupported {
                 object: OBJECT,
                 field: "TCA_TBF_BURST",
-                detail: format!(
-                    "{burst} bytes at {rate} B/s exceed the kernel's 32-bit tick field"
-                ),
+                detail: format!("{burst} bytes at {rate} B/s exceed the kernel's 32-bit tick field"),
             })?
         }
         None => u32_at(&qopt, 28),
     };
-    Ok(Tbf {
-        rate_bytes_per_sec: rate,
-        buffer_ticks,
-        limit_bytes: u32_at(&qopt, 24),
-    })
+    Ok(Tbf { rate_bytes_per_sec: rate, buffer_ticks, limit_bytes: u32_at(&qopt, 24) })
 }

@@ -1,8 +1,6 @@
 //! decode(parse(emit(encode(x)))) == x for every object kind, by example and by proptest, plus encoder refusals.
 
-use netlink_packet_core::{
-    NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload,
-};
+use netlink_packet_core::{NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload};
 use netlink_packet_route::RouteNetlinkMessage;
 use netlink_packet_route::tc::TcMessage;
 use proptest::prelude::*;
@@ -16,9 +14,7 @@ pub(super) fn wire_round_trip(operation: &Operation) -> (u16, u16, TcObject) {
     let mut bytes = vec![0; message.buffer_len()];
     message.serialize(&mut bytes);
     let parsed = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&bytes).expect("parses");
-    let NetlinkPayload::InnerMessage(inner) = parsed.payload else {
-        panic!("not an inner message")
-    };
+    let NetlinkPayload::InnerMessage(inner) = parsed.payload else { panic!("not an inner message") };
     let message_type = parsed.header.message_type;
     let object = match inner {
         RouteNetlinkMessage::NewQueueDiscipline(m) | RouteNetlinkMessage::DelQueueDiscipline(m) => {
@@ -56,11 +52,7 @@ pub(super) fn htb_root() -> Qdisc {
     Qdisc {
         handle: Handle::new(1, 0),
         parent: Handle::ROOT,
-        kind: QdiscKind::Htb(HtbQdisc {
-            default_class: 0xffff,
-            rate2quantum: 10,
-            direct_qlen: 1000,
-        }),
+        kind: QdiscKind::Htb(HtbQdisc { default_class: 0xffff, rate2quantum: 10, direct_qlen: 1000 }),
     }
 }
 
@@ -80,11 +72,7 @@ pub(super) fn htb_class(minor: u16, rate: u64, ceil: u64) -> Class {
 }
 
 pub(super) fn tbf(rate: u64, burst: u32, limit: u32) -> Tbf {
-    Tbf {
-        rate_bytes_per_sec: rate,
-        buffer_ticks: psched::buffer_ticks(rate, burst).unwrap(),
-        limit_bytes: limit,
-    }
+    Tbf { rate_bytes_per_sec: rate, buffer_ticks: psched::buffer_ticks(rate, burst).unwrap(), limit_bytes: limit }
 }
 
 fn host_filter(ip: u32, class: u16) -> Filter {
@@ -101,11 +89,7 @@ fn host_filter(ip: u32, class: u16) -> Filter {
                 terminal: true,
                 hash_mask: 0,
                 hash_offset: 0,
-                keys: vec![U32Key {
-                    mask: u32::MAX,
-                    value: ip,
-                    offset: 16,
-                }],
+                keys: vec![U32Key { mask: u32::MAX, value: ip, offset: 16 }],
             }),
             class_id: Some(Handle::new(1, class)),
         }),
@@ -136,12 +120,7 @@ fn every_object_kind_round_trips_through_the_wire() {
                 jitter_ns: 5_000_000,
                 limit_packets: 1000,
                 delay_correlation: u32::MAX / 4,
-                loss: NetemLoss::GilbertElliott {
-                    p: 1,
-                    r: 2,
-                    h: 3,
-                    k1: 4,
-                },
+                loss: NetemLoss::GilbertElliott { p: 1, r: 2, h: 3, k1: 4 },
                 duplicate: 7,
                 duplicate_correlation: 8,
                 reorder: 9,
@@ -167,10 +146,7 @@ fn every_object_kind_round_trips_through_the_wire() {
         }),
     ];
     for object in objects {
-        for operation in [
-            Operation::Add(object.clone()),
-            Operation::Change(object.clone()),
-        ] {
+        for operation in [Operation::Add(object.clone()), Operation::Change(object.clone())] {
             let (_, _, back) = wire_round_trip(&operation);
             assert_eq!(back, object, "{operation:?}");
         }
@@ -190,11 +166,7 @@ fn flags_and_message_types_follow_the_operation() {
         let (t, f, _) = wire_round_trip(&Operation::Change(object.clone()));
         assert_eq!((t, f), (new, plain), "change {object:?}");
         let delete = encode(&Operation::Delete(object.clone()), 7).unwrap();
-        assert_eq!(
-            (delete.header.message_type, delete.header.flags),
-            (del, plain),
-            "delete {object:?}"
-        );
+        assert_eq!((delete.header.message_type, delete.header.flags), (del, plain), "delete {object:?}");
     }
 }
 
@@ -230,10 +202,7 @@ fn large_rates_use_64_bit_attributes_and_saturate_the_32_bit_field() {
 #[test]
 fn encoder_refuses_values_the_kernel_would_alter() {
     let netem = |f: fn(&mut Netem)| {
-        let mut n = Netem {
-            limit_packets: 1000,
-            ..Netem::default()
-        };
+        let mut n = Netem { limit_packets: 1000, ..Netem::default() };
         f(&mut n);
         Operation::Add(TcObject::Qdisc(Qdisc {
             handle: Handle::new(0x20, 0),
@@ -245,39 +214,19 @@ fn encoder_refuses_values_the_kernel_would_alter() {
         Err(EncodeError::OutOfRange { field, .. }) => field,
         other => panic!("expected a refusal, got {other:?}"),
     };
-    assert_eq!(
-        field_of(&netem(|n| n.jitter_ns = i64::from(i32::MAX) + 1)),
-        "jitter_ns"
-    );
+    assert_eq!(field_of(&netem(|n| n.jitter_ns = i64::from(i32::MAX) + 1)), "jitter_ns");
     assert_eq!(field_of(&netem(|n| n.jitter_ns = -1)), "jitter_ns");
     assert_eq!(field_of(&netem(|n| n.latency_ns = -1)), "latency_ns");
-    assert_eq!(
-        field_of(&netem(|n| n.loss = NetemLoss::Random {
-            probability: 0,
-            correlation: 0
-        })),
-        "loss"
-    );
+    assert_eq!(field_of(&netem(|n| n.loss = NetemLoss::Random { probability: 0, correlation: 0 })), "loss");
     let mut class = htb_class(0x10, 1_000_000, 1_000_000);
-    let ClassKind::Htb(h) = &mut class.kind else {
-        unreachable!()
-    };
+    let ClassKind::Htb(h) = &mut class.kind else { unreachable!() };
     h.quantum = 0;
-    assert_eq!(
-        field_of(&Operation::Add(TcObject::Class(class.clone()))),
-        "quantum"
-    );
-    let ClassKind::Htb(h) = &mut class.kind else {
-        unreachable!()
-    };
+    assert_eq!(field_of(&Operation::Add(TcObject::Class(class.clone()))), "quantum");
+    let ClassKind::Htb(h) = &mut class.kind else { unreachable!() };
     h.quantum = 1;
     h.prio = 8;
     assert_eq!(field_of(&Operation::Change(TcObject::Class(class))), "prio");
-    let tiny = Tbf {
-        rate_bytes_per_sec: 1,
-        buffer_ticks: 0,
-        limit_bytes: 1,
-    };
+    let tiny = Tbf { rate_bytes_per_sec: 1, buffer_ticks: 0, limit_bytes: 1 };
     let op = Operation::Add(TcObject::Qdisc(Qdisc {
         handle: Handle::new(2, 0),
         parent: Handle::ROOT,
@@ -289,10 +238,7 @@ fn encoder_refuses_values_the_kernel_would_alter() {
         parent: Handle::ROOT,
         kind: QdiscKind::Foreign("fq".into()),
     }));
-    assert!(matches!(
-        encode(&foreign, 1),
-        Err(EncodeError::Foreign { .. })
-    ));
+    assert!(matches!(encode(&foreign, 1), Err(EncodeError::Foreign { .. })));
     // Deleting a foreign qdisc is fine.
     let foreign = Operation::Delete(TcObject::Qdisc(Qdisc {
         handle: Handle::new(2, 0),
@@ -314,38 +260,18 @@ fn tbf_sends_the_largest_burst_with_the_models_ticks() {
     let attrs = attrs::parse("test", &options).unwrap();
     let burst = attrs::u32_attr("test", "burst", attrs::find(&attrs, 6).unwrap()).unwrap();
     assert!(burst >= 32_768);
-    assert_eq!(
-        psched::buffer_ticks(t.rate_bytes_per_sec, burst),
-        Some(t.buffer_ticks)
-    );
+    assert_eq!(psched::buffer_ticks(t.rate_bytes_per_sec, burst), Some(t.buffer_ticks));
 }
 
 #[test]
 fn unknown_kinds_decode_as_foreign() {
     let mut message = TcMessage::with_index(3);
-    message
-        .attributes
-        .push(TcAttribute::Kind("fq_codel".into()));
-    assert_eq!(
-        decode_qdisc(&message).unwrap().0.kind,
-        QdiscKind::Foreign("fq_codel".into())
-    );
-    assert_eq!(
-        decode_class(&message).unwrap().0.kind,
-        ClassKind::Foreign("fq_codel".into())
-    );
+    message.attributes.push(TcAttribute::Kind("fq_codel".into()));
+    assert_eq!(decode_qdisc(&message).unwrap().0.kind, QdiscKind::Foreign("fq_codel".into()));
+    assert_eq!(decode_class(&message).unwrap().0.kind, ClassKind::Foreign("fq_codel".into()));
     message.attributes[0] = TcAttribute::Kind("flower".into());
-    assert_eq!(
-        decode_filter(&message).unwrap().kind,
-        FilterKind::Foreign("flower".into())
-    );
-    assert!(matches!(
-        decode_qdisc(&TcMessage::with_index(3)),
-        Err(DecodeError::Missing {
-            field: "TCA_KIND",
-            ..
-        })
-    ));
+    assert_eq!(decode_filter(&message).unwrap().kind, FilterKind::Foreign("flower".into()));
+    assert!(matches!(decode_qdisc(&TcMessage::with_index(3)), Err(DecodeError::Missing { field: "TCA_KIND", .. })));
 }
 
 #[test]
@@ -353,66 +279,31 @@ fn changes_in_place_follows_what_the_kernel_honours() {
     let class = TcObject::Class(htb_class(0x10, 1_000, 1_000));
     let faster = TcObject::Class(htb_class(0x10, 2_000, 2_000));
     assert!(changes_in_place(&class, &faster));
-    assert!(!changes_in_place(
-        &TcObject::Qdisc(htb_root()),
-        &TcObject::Qdisc(htb_root())
-    ));
+    assert!(!changes_in_place(&TcObject::Qdisc(htb_root()), &TcObject::Qdisc(htb_root())));
     let a = host_filter(1, 0x10);
     let mut retarget = a.clone();
-    let FilterKind::U32(u) = &mut retarget.kind else {
-        unreachable!()
-    };
+    let FilterKind::U32(u) = &mut retarget.kind else { unreachable!() };
     u.class_id = Some(Handle::new(1, 0x11));
-    assert!(changes_in_place(
-        &TcObject::Filter(a.clone()),
-        &TcObject::Filter(retarget)
-    ));
+    assert!(changes_in_place(&TcObject::Filter(a.clone()), &TcObject::Filter(retarget)));
     let b = host_filter(2, 0x10);
-    assert!(!changes_in_place(
-        &TcObject::Filter(a),
-        &TcObject::Filter(b)
-    ));
+    assert!(!changes_in_place(&TcObject::Filter(a), &TcObject::Filter(b)));
 }
 
 fn arb_rate() -> impl Strategy<Value = u64> {
-    prop_oneof![
-        1_000u64..=u64::from(u32::MAX),
-        (u64::from(u32::MAX) + 1)..=25_000_000_000u64
-    ]
+    prop_oneof![1_000u64..=u64::from(u32::MAX), (u64::from(u32::MAX) + 1)..=25_000_000_000u64]
 }
 
 fn arb_netem() -> impl Strategy<Value = Netem> {
     let loss = prop_oneof![
         Just(NetemLoss::None),
-        (1u32.., any::<u32>()).prop_map(|(probability, correlation)| NetemLoss::Random {
-            probability,
-            correlation
-        }),
-        (0u32.., 1u32.., any::<u32>()).prop_map(|(correlation, probability, _)| {
-            NetemLoss::Random {
-                probability,
-                correlation,
-            }
-        }),
+        (1u32.., any::<u32>()).prop_map(|(probability, correlation)| NetemLoss::Random { probability, correlation }),
+        (0u32.., 1u32.., any::<u32>())
+            .prop_map(|(correlation, probability, _)| { NetemLoss::Random { probability, correlation } }),
         any::<[u32; 4]>().prop_map(|[p, r, h, k1]| NetemLoss::GilbertElliott { p, r, h, k1 }),
     ];
     (
-        (
-            0i64..=1_000_000_000_000_000,
-            0i64..=i64::from(i32::MAX),
-            any::<u32>(),
-            any::<u32>(),
-            any::<u32>(),
-        ),
-        (
-            any::<u32>(),
-            loss,
-            any::<u32>(),
-            any::<u32>(),
-            any::<u32>(),
-            any::<u32>(),
-            any::<u32>(),
-        ),
+        (0i64..=1_000_000_000_000_000, 0i64..=i64::from(i32::MAX), any::<u32>(), any::<u32>(), any::<u32>()),
+        (any::<u32>(), loss, any::<u32>(), any::<u32>(), any::<u32>(), any::<u32>(), any::<u32>()),
     )
         .prop_map(
             |(
@@ -449,23 +340,14 @@ fn arb_handle() -> impl Strategy<Value = Handle> {
 
 fn arb_qdisc() -> impl Strategy<Value = Qdisc> {
     let kind = prop_oneof![
-        (any::<u32>(), 1u32.., any::<u32>()).prop_map(
-            |(default_class, rate2quantum, direct_qlen)| QdiscKind::Htb(HtbQdisc {
-                default_class,
-                rate2quantum,
-                direct_qlen
-            })
-        ),
+        (any::<u32>(), 1u32.., any::<u32>()).prop_map(|(default_class, rate2quantum, direct_qlen)| QdiscKind::Htb(
+            HtbQdisc { default_class, rate2quantum, direct_qlen }
+        )),
         (arb_rate(), 1_500u32..=50_000_000, any::<u32>()).prop_filter_map(
             "bucket fits",
             |(rate, burst, limit_bytes)| {
-                psched::buffer_ticks(rate, burst).map(|buffer_ticks| {
-                    QdiscKind::Tbf(Tbf {
-                        rate_bytes_per_sec: rate,
-                        buffer_ticks,
-                        limit_bytes,
-                    })
-                })
+                psched::buffer_ticks(rate, burst)
+                    .map(|buffer_ticks| QdiscKind::Tbf(Tbf { rate_bytes_per_sec: rate, buffer_ticks, limit_bytes }))
             }
         ),
         arb_netem().prop_map(QdiscKind::Netem),
@@ -478,49 +360,26 @@ fn arb_qdisc() -> impl Strategy<Value = Qdisc> {
 }
 
 fn arb_class() -> impl Strategy<Value = Class> {
-    (
-        arb_handle(),
-        arb_rate(),
-        arb_rate(),
-        any::<u32>(),
-        any::<u32>(),
-        1u32..,
-        0u32..8,
+    (arb_handle(), arb_rate(), arb_rate(), any::<u32>(), any::<u32>(), 1u32.., 0u32..8).prop_map(
+        |(handle, rate, ceil, buffer_ticks, cbuffer_ticks, quantum, prio)| Class {
+            handle,
+            parent: Handle::new(handle.major(), 0),
+            kind: ClassKind::Htb(HtbClass {
+                rate_bytes_per_sec: rate,
+                ceil_bytes_per_sec: ceil,
+                buffer_ticks,
+                cbuffer_ticks,
+                quantum,
+                prio,
+            }),
+        },
     )
-        .prop_map(
-            |(handle, rate, ceil, buffer_ticks, cbuffer_ticks, quantum, prio)| Class {
-                handle,
-                parent: Handle::new(handle.major(), 0),
-                kind: ClassKind::Htb(HtbClass {
-                    rate_bytes_per_sec: rate,
-                    ceil_bytes_per_sec: ceil,
-                    buffer_ticks,
-                    cbuffer_ticks,
-                    quantum,
-                    prio,
-                }),
-            },
-        )
 }
 
 fn arb_filter() -> impl Strategy<Value = Filter> {
-    let key = (any::<u32>(), any::<u32>(), -64i32..64).prop_map(|(mask, value, offset)| U32Key {
-        mask,
-        value,
-        offset,
-    });
-    let selector = (
-        any::<bool>(),
-        any::<u32>(),
-        any::<i16>(),
-        proptest::collection::vec(key, 0..8),
-    )
-        .prop_map(|(terminal, hash_mask, hash_offset, keys)| U32Selector {
-            terminal,
-            hash_mask,
-            hash_offset,
-            keys,
-        });
+    let key = (any::<u32>(), any::<u32>(), -64i32..64).prop_map(|(mask, value, offset)| U32Key { mask, value, offset });
+    let selector = (any::<bool>(), any::<u32>(), any::<i16>(), proptest::collection::vec(key, 0..8))
+        .prop_map(|(terminal, hash_mask, hash_offset, keys)| U32Selector { terminal, hash_mask, hash_offset, keys });
     let table = (1u32..0x1000, 0u32..=8).prop_map(|(htid, log)| U32Filter {
         handle: htid << 20,
         divisor: Some(1 << log),
@@ -626,9 +485,7 @@ fn counters_come_from_stats2_with_the_64_bit_packet_count() {
         }
     );
     // Without TCA_STATS2 the legacy block counts.
-    message
-        .attributes
-        .retain(|a| !matches!(a, TcAttribute::Stats2(_)));
+    message.attributes.retain(|a| !matches!(a, TcAttribute::Stats2(_)));
     assert_eq!(decode_qdisc(&message).unwrap().1.packets, 1);
 }
 
@@ -649,31 +506,16 @@ fn kernel_errors_carry_the_extack_message() {
     raw.extend_from_slice(&(-22i32).to_ne_bytes());
     raw.extend_from_slice(&[0x50, 0, 0, 0, 36, 0, 5, 6, 0, 0, 0, 0, 0, 0, 0, 0]);
     raw.extend_from_slice(&tlvs);
-    let error = KernelError::parse(&raw)
-        .unwrap()
-        .expect("an error, not an ack");
+    let error = KernelError::parse(&raw).unwrap().expect("an error, not an ack");
     assert_eq!(error.code, libc::EINVAL);
-    assert_eq!(
-        error.message.as_deref(),
-        Some("netem: cannot mix duplicating netems with other netems in tree")
-    );
+    assert_eq!(error.message.as_deref(), Some("netem: cannot mix duplicating netems with other netems in tree"));
     assert_eq!(error.offset, Some(36));
-    assert!(
-        error
-            .to_string()
-            .starts_with("netem: cannot mix duplicating netems"),
-        "{error}"
-    );
+    assert!(error.to_string().starts_with("netem: cannot mix duplicating netems"), "{error}");
 
     // The same through netlink-packet-core's parsed message.
     let message = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&raw).unwrap();
-    assert_eq!(
-        KernelError::from_netlink_message(&message),
-        Some(error.clone())
-    );
-    let NetlinkPayload::Error(ref parsed) = message.payload else {
-        panic!("not an error")
-    };
+    assert_eq!(KernelError::from_netlink_message(&message), Some(error.clone()));
+    let NetlinkPayload::Error(ref parsed) = message.payload else { panic!("not an error") };
     assert_eq!(KernelError::from_error_message(parsed, true), Some(error));
 
     // Uncapped: the whole request is echoed before the TLVs.
@@ -696,11 +538,7 @@ fn kernel_errors_carry_the_extack_message() {
     bare.header = vec![0; 16];
     assert_eq!(
         KernelError::from_error_message(&bare, true),
-        Some(KernelError {
-            code: libc::ENOENT,
-            message: None,
-            offset: None
-        })
+        Some(KernelError { code: libc::ENOENT, message: None, offset: None })
     );
 }
 

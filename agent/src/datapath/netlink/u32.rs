@@ -15,9 +15,7 @@
 //!   a key node (u32_change copies the old selector) and is refused for a table: see
 //!   [`super::changes_in_place`].
 
-use netlink_packet_route::tc::{
-    TcFilterU32Option, TcHandle, TcU32Key, TcU32Selector, TcU32SelectorFlags,
-};
+use netlink_packet_route::tc::{TcFilterU32Option, TcHandle, TcU32Key, TcU32Selector, TcU32SelectorFlags};
 
 use super::DecodeError;
 use crate::datapath::model::{Handle, U32Filter, U32Key, U32Selector};
@@ -66,19 +64,9 @@ fn encode_selector(selector: &U32Selector) -> TcU32Selector {
 
 pub(super) fn decode(handle: u32, options: &[TcFilterU32Option]) -> Result<U32Filter, DecodeError> {
     const OBJECT: &str = "u32 filter";
-    let unsupported = |field: &'static str, detail: &str| DecodeError::Unsupported {
-        object: OBJECT,
-        field,
-        detail: detail.into(),
-    };
-    let mut filter = U32Filter {
-        handle,
-        divisor: None,
-        link: None,
-        hash_table: None,
-        selector: None,
-        class_id: None,
-    };
+    let unsupported =
+        |field: &'static str, detail: &str| DecodeError::Unsupported { object: OBJECT, field, detail: detail.into() };
+    let mut filter = U32Filter { handle, divisor: None, link: None, hash_table: None, selector: None, class_id: None };
     for option in options {
         match option {
             TcFilterU32Option::ClassId(h) => filter.class_id = Some(Handle(u32::from(*h))),
@@ -120,11 +108,7 @@ fn decode_selector(sel: &TcU32Selector) -> Result<U32Selector, DecodeError> {
             if k.offmask != 0 {
                 return Err(unsupported("keys.offmask"));
             }
-            Ok(U32Key {
-                mask: k.mask,
-                value: k.val,
-                offset: k.off,
-            })
+            Ok(U32Key { mask: k.mask, value: k.val, offset: k.off })
         })
         .collect::<Result<_, _>>()?;
     Ok(U32Selector {

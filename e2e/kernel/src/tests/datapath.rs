@@ -57,7 +57,11 @@ fn desired(destinations: &[(Ipv4Addr, Impairment)]) -> anyhow::Result<DesiredSta
 }
 
 /// Opens the datapath in namespace `a` and installs `destinations`; logs the report and tc's view.
-fn install(ctx: &mut Ctx, link: &Link, destinations: &[(Ipv4Addr, Impairment)]) -> anyhow::Result<(Datapath, ReconcileReport)> {
+fn install(
+    ctx: &mut Ctx,
+    link: &Link,
+    destinations: &[(Ipv4Addr, Impairment)],
+) -> anyhow::Result<(Datapath, ReconcileReport)> {
     let dp = ctx.runtime.block_on(Datapath::open(link.a.fd())).context("opening the datapath in netns a")?;
     let report = ctx.runtime.block_on(dp.reconcile(SOURCE_IF, &desired(destinations)?)).context("reconcile")?;
     ctx.log(format!("reconcile {destinations:?}: {report:?}"));
@@ -86,8 +90,15 @@ fn probe_capabilities(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
     ensure!(caps.htb && caps.tbf && caps.netem && caps.u32, "probe misses a capability this kernel has: {caps:?}");
     let tc_says = duplicate_restricted_per_tc()?;
     ctx.log(format!("tc: duplicating netem beside another netem is {}", if tc_says { "refused" } else { "accepted" }));
-    ctx.summarize(format!("duplicate_restricted probe={} tc={} pinned={:?}", caps.duplicate_restricted, tc_says, ctx.duplicate_restricted));
-    ensure!(caps.duplicate_restricted == tc_says, "probe says duplicate_restricted={}, tc shows {tc_says}", caps.duplicate_restricted);
+    ctx.summarize(format!(
+        "duplicate_restricted probe={} tc={} pinned={:?}",
+        caps.duplicate_restricted, tc_says, ctx.duplicate_restricted
+    ));
+    ensure!(
+        caps.duplicate_restricted == tc_says,
+        "probe says duplicate_restricted={}, tc shows {tc_says}",
+        caps.duplicate_restricted
+    );
     if let Some(pinned) = ctx.duplicate_restricted {
         ensure!(tc_says == pinned, "the rig pins this kernel as duplicate_restricted={pinned}, tc shows {tc_says}");
     }
@@ -99,7 +110,21 @@ fn duplicate_restricted_per_tc() -> anyhow::Result<bool> {
     ns.ip(&["link", "add", "d0", "type", "dummy"])?;
     ns.tc(&["qdisc", "add", "dev", "d0", "root", "handle", "1:", "prio"])?;
     ns.tc(&["qdisc", "add", "dev", "d0", "parent", "1:1", "handle", "10:", "netem", "delay", "1ms"])?;
-    match ns.tc(&["qdisc", "add", "dev", "d0", "parent", "1:2", "handle", "20:", "netem", "delay", "1ms", "duplicate", "1%"]) {
+    match ns.tc(&[
+        "qdisc",
+        "add",
+        "dev",
+        "d0",
+        "parent",
+        "1:2",
+        "handle",
+        "20:",
+        "netem",
+        "delay",
+        "1ms",
+        "duplicate",
+        "1%",
+    ]) {
         Ok(_) => Ok(false),
         Err(e) if format!("{e:#}").contains("cannot mix duplicating netems") => Ok(true),
         Err(e) => Err(e),
@@ -114,7 +139,10 @@ fn delay(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
     let imp = Impairment { latency: ms(20), ..Default::default() };
     let (dp, _) = install(ctx, &link, &[(dst, imp.clone())])?;
     let qdiscs = link.tc_show("qdisc")?;
-    ensure!(qdiscs.contains("qdisc htb") && qdiscs.contains("netem") && qdiscs.contains("delay 20"), "tc does not show an htb root with netem delay 20ms:\n{qdiscs}");
+    ensure!(
+        qdiscs.contains("qdisc htb") && qdiscs.contains("netem") && qdiscs.contains("delay 20"),
+        "tc does not show an htb root with netem delay 20ms:\n{qdiscs}"
+    );
     let r = ctx.with_one_retry("delay", |ctx| {
         let r = stream(&link, dst, 7100, &spec(300, 5000, 300))?;
         let s = r.delay()?;
@@ -127,14 +155,23 @@ fn delay(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
     ensure!(again.mutations == 0, "a second identical reconcile sent {} mutations: {again:?}", again.mutations);
     let observed = ctx.runtime.block_on(dp.observe(SOURCE_IF))?.context("observe() sees no isthmus tree")?;
     ctx.log(format!("observe(): {observed:?}"));
-    let counters = observed.iter().find(|(d, _)| *d == host(dst)).map(|(_, c)| *c).context("observe() lacks the destination")?;
-    ensure!(counters.packets >= u64::from(r.sent), "observe() counts {} packets for the destination, {} were sent", counters.packets, r.sent);
+    let counters =
+        observed.iter().find(|(d, _)| *d == host(dst)).map(|(_, c)| *c).context("observe() lacks the destination")?;
+    ensure!(
+        counters.packets >= u64::from(r.sent),
+        "observe() counts {} packets for the destination, {} were sent",
+        counters.packets,
+        r.sent
+    );
     let installed = ctx.runtime.block_on(dp.installed(SOURCE_IF))?.context("installed() sees no isthmus tree")?;
     ensure!(installed == desired(&[(dst, imp)])?, "installed() reads back {installed:?}");
     ctx.runtime.block_on(dp.reconcile(SOURCE_IF, &DesiredState::empty()))?;
     let after = link.tc_show("qdisc")?;
     ensure!(!after.contains("htb") && !after.contains("netem"), "reconcile(empty) left:\n{after}");
-    ensure!(ctx.runtime.block_on(dp.observe(SOURCE_IF))?.is_none(), "observe() still sees a tree after reconcile(empty)");
+    ensure!(
+        ctx.runtime.block_on(dp.observe(SOURCE_IF))?.is_none(),
+        "observe() still sees a tree after reconcile(empty)"
+    );
     Ok(Outcome::Pass)
 }
 
@@ -150,7 +187,11 @@ fn jitter(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
         expect::delay_and_mean_near(ctx, "jitter 30±10ms", &s, 30.0)?;
         let want_sd = 10.0 / 3f64.sqrt();
         ctx.summarize(format!("sd {:.2} ms (uniform {want_sd:.2}), p90-p10 {:.1} ms", s.sd, s.p90 - s.p10));
-        ensure!(s.sd >= 0.75 * want_sd && s.sd <= 1.35 * want_sd, "delay sd {:.2} ms is not near {want_sd:.2} ms", s.sd);
+        ensure!(
+            s.sd >= 0.75 * want_sd && s.sd <= 1.35 * want_sd,
+            "delay sd {:.2} ms is not near {want_sd:.2} ms",
+            s.sd
+        );
         let spread = s.p90 - s.p10;
         ensure!((12.0..=21.0).contains(&spread), "p90-p10 spread {spread:.1} ms is not near 16 ms");
         Ok(())
@@ -166,7 +207,12 @@ fn loss_random(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
         let r = stream(&link, dst, 7300, &spec(2000, 500, 300))?;
         ctx.record("loss_ratio", r.loss_ratio());
         expect::ratio_near(ctx, "loss", r.loss_ratio(), 0.10, r.sent as usize)?;
-        ensure!(r.duplicates() == 0 && r.corrupted == 0, "duplicates {} corrupted {} with only loss configured", r.duplicates(), r.corrupted);
+        ensure!(
+            r.duplicates() == 0 && r.corrupted == 0,
+            "duplicates {} corrupted {} with only loss configured",
+            r.duplicates(),
+            r.corrupted
+        );
         Ok(())
     })?;
     Ok(Outcome::Pass)
@@ -188,9 +234,20 @@ fn loss_gilbert_elliott(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
         let expected = 5.0 / 45.0;
         // losses come in bursts, so a ratio varies about √(mean burst) times more than independent trials
         let band = binomial_band(expected, r.sent as usize) * 2.5_f64.sqrt() * 1.2;
-        ctx.log(format!("loss {:.4} (expected {expected:.4} ± {band:.4}), {} bursts, mean length {mean_burst:.2} (expected 2.5)", r.loss_ratio(), bursts.len()));
-        ctx.summarize(format!("loss {:.2}% (cfg 11.11%), mean burst {mean_burst:.2} (cfg 2.5)", r.loss_ratio() * 100.0));
-        ensure!((r.loss_ratio() - expected).abs() <= band, "loss ratio {:.4} outside {expected:.4} ± {band:.4}", r.loss_ratio());
+        ctx.log(format!(
+            "loss {:.4} (expected {expected:.4} ± {band:.4}), {} bursts, mean length {mean_burst:.2} (expected 2.5)",
+            r.loss_ratio(),
+            bursts.len()
+        ));
+        ctx.summarize(format!(
+            "loss {:.2}% (cfg 11.11%), mean burst {mean_burst:.2} (cfg 2.5)",
+            r.loss_ratio() * 100.0
+        ));
+        ensure!(
+            (r.loss_ratio() - expected).abs() <= band,
+            "loss ratio {:.4} outside {expected:.4} ± {band:.4}",
+            r.loss_ratio()
+        );
         ensure!((1.8..=3.4).contains(&mean_burst), "mean loss burst {mean_burst:.2} is not near 2.5");
         Ok(())
     })?;
@@ -262,7 +319,11 @@ fn rate_tbf(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
     let link = Link::new("rate", 1)?;
     let dst = link.destinations[0];
     let rate = 3_000_000u64;
-    install(ctx, &link, &[(dst, Impairment { rate_bps: Some(rate), burst_bytes: Some(32_000), ..Default::default() })])?;
+    install(
+        ctx,
+        &link,
+        &[(dst, Impairment { rate_bps: Some(rate), burst_bytes: Some(32_000), ..Default::default() })],
+    )?;
     let expected = rate as f64 * 1400.0 / (1400 + UDP_L2_OVERHEAD) as f64;
     // set when the last attempt's guest could not even send faster than the rate
     let mut starved = None;
@@ -332,7 +393,10 @@ fn head_of_line_htb(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
     install(
         ctx,
         &link,
-        &[(slow, Impairment { latency: ms(200), ..Default::default() }), (fast, Impairment { latency: ms(1), ..Default::default() })],
+        &[
+            (slow, Impairment { latency: ms(200), ..Default::default() }),
+            (fast, Impairment { latency: ms(1), ..Default::default() }),
+        ],
     )?;
     warm_up(&link, fast, 8000)?;
     ctx.with_one_retry("hol", |ctx| {
@@ -349,9 +413,22 @@ fn head_of_line_htb(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
             _ => (1.0 + 2.0, 1.0 + 8.0),
         };
         ctx.log(format!("1ms dst while 200ms dst carries TCP ({:.1} Mbit/s): {s}", bulk.goodput_bps / 1e6));
-        ctx.summarize(format!("1ms dst p50 {:.2} p90 {:.2} ms under load ({:.1} Mbit/s to 200ms dst)", s.p50, s.p90, bulk.goodput_bps / 1e6));
-        ensure!(bulk.goodput_bps > 1e6, "the TCP load to the 200 ms destination only reached {:.2} Mbit/s", bulk.goodput_bps / 1e6);
-        ensure!(s.p50 >= 0.5 && s.p50 <= p50_hi, "1 ms destination: median {:.2} ms outside [0.5, {p50_hi}] (head-of-line blocking?)", s.p50);
+        ctx.summarize(format!(
+            "1ms dst p50 {:.2} p90 {:.2} ms under load ({:.1} Mbit/s to 200ms dst)",
+            s.p50,
+            s.p90,
+            bulk.goodput_bps / 1e6
+        ));
+        ensure!(
+            bulk.goodput_bps > 1e6,
+            "the TCP load to the 200 ms destination only reached {:.2} Mbit/s",
+            bulk.goodput_bps / 1e6
+        );
+        ensure!(
+            s.p50 >= 0.5 && s.p50 <= p50_hi,
+            "1 ms destination: median {:.2} ms outside [0.5, {p50_hi}] (head-of-line blocking?)",
+            s.p50
+        );
         ensure!(s.p90 <= p90_hi, "1 ms destination: p90 {:.2} ms above {p90_hi} ms (head-of-line blocking?)", s.p90);
         Ok(())
     })?;
@@ -372,16 +449,27 @@ fn duplicate_restriction(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
     let result = ctx.runtime.block_on(dp.reconcile(SOURCE_IF, &state));
     ctx.log(format!("probe: duplicate_restricted={restricted}; reconcile: {result:?}"));
     if let Some(pinned) = ctx.duplicate_restricted {
-        ensure!(restricted == pinned, "probe says duplicate_restricted={restricted}, the rig pins {pinned} for this kernel");
+        ensure!(
+            restricted == pinned,
+            "probe says duplicate_restricted={restricted}, the rig pins {pinned} for this kernel"
+        );
     }
     match (restricted, result) {
         (true, Err(e)) => {
             ctx.summarize(format!("refused as {:?}: {e}", e.kind()));
-            ensure!(e.kind() == PodErrorKind::DuplicateRestriction, "refused with kind {:?}, not DuplicateRestriction: {e}", e.kind());
+            ensure!(
+                e.kind() == PodErrorKind::DuplicateRestriction,
+                "refused with kind {:?}, not DuplicateRestriction: {e}",
+                e.kind()
+            );
             ensure!(e.to_string().contains("duplicating"), "the error lost the kernel's text: {e}");
         }
-        (true, Ok(report)) => anyhow::bail!("this kernel refuses duplicating netems beside others, yet reconcile returned {report:?}"),
-        (false, Err(e)) => anyhow::bail!("this kernel accepts duplicating netems beside others, yet reconcile failed: {e}"),
+        (true, Ok(report)) => {
+            anyhow::bail!("this kernel refuses duplicating netems beside others, yet reconcile returned {report:?}")
+        }
+        (false, Err(e)) => {
+            anyhow::bail!("this kernel accepts duplicating netems beside others, yet reconcile failed: {e}")
+        }
         (false, Ok(_)) => {
             ctx.log(format!("tc qdisc show:\n{}", link.tc_show("qdisc")?));
             ctx.with_one_retry("both destinations", |ctx| {
@@ -412,7 +500,8 @@ fn latency_change_in_place(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
         let moving = Stream::start(&link, changed, 8203, &spec(600, 5000, 300))?;
         std::thread::sleep(Duration::from_millis(1000));
         let changed_at = std::time::Instant::now();
-        let report = ctx.runtime.block_on(dp.reconcile(SOURCE_IF, &desired(&[(changed, lat(30)), (other, lat(10))])?))?;
+        let report =
+            ctx.runtime.block_on(dp.reconcile(SOURCE_IF, &desired(&[(changed, lat(30)), (other, lat(10))])?))?;
         let took = changed_at.elapsed();
         let (steady, moving) = (steady.finish()?, moving.finish()?);
         ctx.log(format!("change took {took:?}: {report:?}\n{}", link.tc_show("qdisc")?));
@@ -420,8 +509,16 @@ fn latency_change_in_place(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
         ctx.record("other_lost", steady.lost());
         ctx.record("changed_lost", moving.lost());
         ensure!(report.mutations >= 1, "the change sent no mutation: {report:?}");
-        ensure!(report.deleted == 0 && report.added == 0, "a latency change must be made in place, not by delete/add: {report:?}");
-        ctx.summarize(format!("other dst lost {} of {}, changed dst lost {}", steady.lost(), steady.sent, moving.lost()));
+        ensure!(
+            report.deleted == 0 && report.added == 0,
+            "a latency change must be made in place, not by delete/add: {report:?}"
+        );
+        ctx.summarize(format!(
+            "other dst lost {} of {}, changed dst lost {}",
+            steady.lost(),
+            steady.sent,
+            moving.lost()
+        ));
         ensure!(steady.lost() == 0, "the unchanged destination lost {} packets during the change", steady.lost());
         expect::delay_near(ctx, "unchanged 10ms dst", &steady.delay()?, 10.0)?;
         let late: Vec<f64> = moving.first_arrivals().iter().filter(|a| a.seq >= 400).map(|a| a.delay_ms()).collect();
@@ -444,9 +541,20 @@ fn queue_limit_from_bdp(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
         s.payload = 1400;
         let r = stream(&link, dst, 8301, &s)?;
         ctx.record("loss_ratio", r.loss_ratio());
-        ctx.log(format!("sent {} lost {} ({:.3} %), send errors {}\n{}", r.sent, r.lost(), r.loss_ratio() * 100.0, r.send_errors, link.tc_show("qdisc")?));
+        ctx.log(format!(
+            "sent {} lost {} ({:.3} %), send errors {}\n{}",
+            r.sent,
+            r.lost(),
+            r.loss_ratio() * 100.0,
+            r.send_errors,
+            link.tc_show("qdisc")?
+        ));
         ctx.summarize(format!("lost {} of {} ({:.2}%)", r.lost(), r.sent, r.loss_ratio() * 100.0));
-        ensure!(r.loss_ratio() < 0.01, "a link under its rate dropped {:.2} % (netem queue too short for its BDP?)", r.loss_ratio() * 100.0);
+        ensure!(
+            r.loss_ratio() < 0.01,
+            "a link under its rate dropped {:.2} % (netem queue too short for its BDP?)",
+            r.loss_ratio() * 100.0
+        );
         let d = r.delay()?;
         ctx.summarize(format!("p50 {:.0} ms (cfg 1500)", d.p50));
         ensure!((1499.5..=1650.0).contains(&d.p50), "median one-way delay {:.1} ms is not near 1500 ms", d.p50);

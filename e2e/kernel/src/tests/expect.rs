@@ -66,8 +66,19 @@ pub fn ratio_near(ctx: &mut Ctx, label: &str, got: f64, expected: f64, trials: u
 /// Rates: within ±5 %.
 pub fn rate_near(ctx: &mut Ctx, label: &str, got_bps: f64, expected_bps: f64) -> anyhow::Result<()> {
     let rel = got_bps / expected_bps - 1.0;
-    ctx.log(format!("{label}: {:.3} Mbit/s, expected {:.3} Mbit/s ({:+.1} %)", got_bps / 1e6, expected_bps / 1e6, rel * 100.0));
+    ctx.log(format!(
+        "{label}: {:.3} Mbit/s, expected {:.3} Mbit/s ({:+.1} %)",
+        got_bps / 1e6,
+        expected_bps / 1e6,
+        rel * 100.0
+    ));
     ctx.summarize(format!("{label} {:.2} Mbit/s ({:+.1}%)", got_bps / 1e6, rel * 100.0));
-    ensure!(rel.abs() <= 0.05, "{label}: {:.3} Mbit/s is {:+.1} % off the expected {:.3} Mbit/s (±5 %)", got_bps / 1e6, rel * 100.0, expected_bps / 1e6);
+    ensure!(
+        rel.abs() <= 0.05,
+        "{label}: {:.3} Mbit/s is {:+.1} % off the expected {:.3} Mbit/s (±5 %)",
+        got_bps / 1e6,
+        rel * 100.0,
+        expected_bps / 1e6
+    );
     Ok(())
 }

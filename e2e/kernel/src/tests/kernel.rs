@@ -45,10 +45,37 @@ fn kernel_objects_iproute2(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
         &["qdisc", "add", "dev", "d0", "root", "handle", "1:", "htb", "default", "1"],
         &["class", "add", "dev", "d0", "parent", "1:", "classid", "1:1", "htb", "rate", "10gbit"],
         &["class", "add", "dev", "d0", "parent", "1:", "classid", "1:2", "htb", "rate", "10gbit"],
-        &["qdisc", "add", "dev", "d0", "parent", "1:2", "handle", "10:", "tbf", "rate", "10mbit", "burst", "32kb", "latency", "400ms"],
-        &["qdisc", "add", "dev", "d0", "parent", "10:1", "handle", "20:", "netem", "delay", "10ms", "1ms", "loss", "1%"],
-        &["filter", "add", "dev", "d0", "parent", "1:", "protocol", "ip", "prio", "1", "u32", "match", "ip", "dst", "10.9.0.2/32", "flowid", "1:2"],
-        &["filter", "add", "dev", "d0", "parent", "1:", "protocol", "ip", "prio", "2", "flower", "dst_ip", "10.9.0.3", "classid", "1:2"],
+        &[
+            "qdisc", "add", "dev", "d0", "parent", "1:2", "handle", "10:", "tbf", "rate", "10mbit", "burst", "32kb",
+            "latency", "400ms",
+        ],
+        &[
+            "qdisc", "add", "dev", "d0", "parent", "10:1", "handle", "20:", "netem", "delay", "10ms", "1ms", "loss",
+            "1%",
+        ],
+        &[
+            "filter",
+            "add",
+            "dev",
+            "d0",
+            "parent",
+            "1:",
+            "protocol",
+            "ip",
+            "prio",
+            "1",
+            "u32",
+            "match",
+            "ip",
+            "dst",
+            "10.9.0.2/32",
+            "flowid",
+            "1:2",
+        ],
+        &[
+            "filter", "add", "dev", "d0", "parent", "1:", "protocol", "ip", "prio", "2", "flower", "dst_ip",
+            "10.9.0.3", "classid", "1:2",
+        ],
         &["filter", "add", "dev", "d0", "parent", "1:", "protocol", "all", "prio", "3", "matchall", "classid", "1:1"],
         &["qdisc", "del", "dev", "d0", "root"],
         &["qdisc", "add", "dev", "d0", "root", "handle", "1:", "drr"],
@@ -75,10 +102,22 @@ fn baseline_no_qdisc(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
         let r = stream(&link, dst, 7000, &probe_spec())?;
         let d = r.delay()?;
         ctx.record("delay_ms", d);
-        ctx.log(format!("one-way delay without qdisc: {d}; lost {} dup {} corrupt {} send errors {}", r.lost(), r.duplicates(), r.corrupted, r.send_errors));
+        ctx.log(format!(
+            "one-way delay without qdisc: {d}; lost {} dup {} corrupt {} send errors {}",
+            r.lost(),
+            r.duplicates(),
+            r.corrupted,
+            r.send_errors
+        ));
         ctx.summarize(format!("base p50 {:.3} ms mean {:.3} ms p90 {:.3} ms", d.p50, d.mean, d.p90));
         let limit = if ctx.backend == Backend::QemuTcg { 3.0 } else { 1.0 };
-        ensure!(r.lost() == 0 && r.duplicates() == 0 && r.corrupted == 0, "an unimpaired path lost {}, duplicated {}, corrupted {}", r.lost(), r.duplicates(), r.corrupted);
+        ensure!(
+            r.lost() == 0 && r.duplicates() == 0 && r.corrupted == 0,
+            "an unimpaired path lost {}, duplicated {}, corrupted {}",
+            r.lost(),
+            r.duplicates(),
+            r.corrupted
+        );
         ensure!(d.p50 <= limit, "base median one-way delay {:.3} ms is above {limit} ms", d.p50);
         Ok(())
     })?;
@@ -95,9 +134,30 @@ fn reference_tree_iproute2(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
         vec!["qdisc", "add", "dev", d, "root", "handle", "1:", "htb", "default", "2"],
         vec!["class", "add", "dev", d, "parent", "1:", "classid", "1:1", "htb", "rate", "10gbit"],
         vec!["class", "add", "dev", d, "parent", "1:", "classid", "1:2", "htb", "rate", "10gbit"],
-        vec!["qdisc", "add", "dev", d, "parent", "1:1", "handle", "10:", "tbf", "rate", "100mbit", "burst", "32kb", "latency", "400ms"],
+        vec![
+            "qdisc", "add", "dev", d, "parent", "1:1", "handle", "10:", "tbf", "rate", "100mbit", "burst", "32kb",
+            "latency", "400ms",
+        ],
         vec!["qdisc", "add", "dev", d, "parent", "10:1", "handle", "20:", "netem", "delay", "20ms"],
-        vec!["filter", "add", "dev", d, "parent", "1:", "protocol", "ip", "prio", "1", "u32", "match", "ip", "dst", &format!("{dst}/32"), "flowid", "1:1"],
+        vec![
+            "filter",
+            "add",
+            "dev",
+            d,
+            "parent",
+            "1:",
+            "protocol",
+            "ip",
+            "prio",
+            "1",
+            "u32",
+            "match",
+            "ip",
+            "dst",
+            &format!("{dst}/32"),
+            "flowid",
+            "1:1",
+        ],
     ] {
         link.a.tc(&step)?;
     }

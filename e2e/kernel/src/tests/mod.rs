@@ -1,9 +1,9 @@
 //! The registry. Order matters only for reading the output: cheap kernel checks first.
 
-mod expect;
-mod kernel;
 #[cfg(feature = "datapath")]
 mod datapath;
+mod expect;
+mod kernel;
 
 use crate::harness::Test;
 

@@ -1,0 +1,323 @@
+//! Helpers for the end-to-end suite: a cluster reached through `kubectl` (KUBECONFIG from the environment),
+//! a namespace per test that is deleted when the test ends (pass or fail), and the probe run inside pods.
+//!
+//! Environment: `KUBECONFIG` (required), `ISTHMUS_E2E_KUBECTL` (kubectl binary, default `kubectl`),
+//! `ISTHMUS_E2E_PROVIDER` (`local` or `kind`; informational), `ISTHMUS_E2E_PROBE_IMAGE`
+//! (default `localhost/isthmus-probe:0.1.0`).
+
+use serde_json::Value;
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Goodput of a TCP bulk transfer through a rate limit that counts whole Ethernet frames (1514 B) carrying
+/// 1448 B of payload each.
+pub fn expected_goodput_bps(rate_bps: f64) -> f64 {
+    rate_bps * 1448.0 / 1514.0
+}
+
+pub struct Output {
+    pub ok: bool,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+pub fn kubectl_raw(args: &[&str], stdin: Option<&str>) -> Output {
+    let bin = std::env::var("ISTHMUS_E2E_KUBECTL").unwrap_or_else(|_| "kubectl".into());
+    assert!(std::env::var_os("KUBECONFIG").is_some(), "KUBECONFIG must point at the e2e cluster (make e2e sets it)");
+    let mut child = Command::new(&bin)
+        .args(args)
+        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {bin}: {e}"));
+    if let Some(input) = stdin {
+        child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    Output {
+        ok: out.status.success(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// kubectl that must succeed; returns stdout.
+pub fn kubectl(args: &[&str]) -> String {
+    let out = kubectl_raw(args, None);
+    assert!(out.ok, "kubectl {} failed: {}{}", args.join(" "), out.stdout, out.stderr);
+    out.stdout
+}
+
+pub fn kubectl_json(args: &[&str]) -> Value {
+    let mut all = args.to_vec();
+    all.extend(["-o", "json"]);
+    serde_json::from_str(&kubectl(&all)).expect("kubectl -o json printed JSON")
+}
+
+pub fn provider() -> String {
+    std::env::var("ISTHMUS_E2E_PROVIDER").unwrap_or_else(|_| "local".into())
+}
+
+pub fn probe_image() -> String {
+    std::env::var("ISTHMUS_E2E_PROBE_IMAGE").unwrap_or_else(|_| "localhost/isthmus-probe:0.1.0".into())
+}
+
+/// Polls `f` every 100 ms until it returns Some or `timeout` passes (then panics with `what` and the last
+/// value seen by `describe`).
+pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(start.elapsed() < timeout, "timed out after {timeout:?} waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A namespace of its own for one test, deleted (with everything in it) on drop.
+pub struct TestNamespace {
+    pub name: String,
+}
+
+impl TestNamespace {
+    pub fn new(test: &str) -> Self {
+        let name = format!("e2e-{test}-{}", std::process::id());
+        kubectl(&["create", "namespace", &name]);
+        TestNamespace { name }
+    }
+
+    pub fn apply(&self, manifest: &str) {
+        let out = kubectl_raw(&["apply", "-n", &self.name, "-f", "-"], Some(manifest));
+        assert!(out.ok, "kubectl apply failed: {}{}", out.stdout, out.stderr);
+    }
+
+    pub fn kubectl(&self, args: &[&str]) -> String {
+        let mut all = vec!["-n", self.name.as_str()];
+        all.extend(args);
+        kubectl(&all)
+    }
+
+    pub fn json(&self, args: &[&str]) -> Value {
+        let mut all = vec!["-n", self.name.as_str()];
+        all.extend(args);
+        kubectl_json(&all)
+    }
+
+    /// A Deployment of probe servers (`isthmus-probe serve`) labelled `app=<name>`, optionally pinned to a node.
+    pub fn probe_deployment(&self, name: &str, node: Option<&str>) {
+        let node_line = node.map(|n| format!("      nodeName: {n}\n")).unwrap_or_default();
+        self.apply(&format!(
+            r#"apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: {name}, labels: {{app: {name}}}}}
+spec:
+  replicas: 1
+  selector: {{matchLabels: {{app: {name}}}}}
+  template:
+    metadata: {{labels: {{app: {name}}}}}
+    spec:
+{node_line}      terminationGracePeriodSeconds: 1
+      securityContext: {{runAsNonRoot: true, runAsUser: 65532, runAsGroup: 65532}}
+      containers:
+        - name: probe
+          image: {image}
+          imagePullPolicy: IfNotPresent
+          args: [serve]
+          readinessProbe: {{tcpSocket: {{port: 7000}}, periodSeconds: 1}}
+          securityContext: {{allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: {{drop: [ALL]}}}}
+"#,
+            image = probe_image()
+        ));
+    }
+
+    /// The one Ready, not terminating pod labelled `app=<app>`: (name, IP, node).
+    pub fn ready_pod(&self, app: &str) -> Option<(String, String, String)> {
+        let pods = self.json(&["get", "pods", "-l", &format!("app={app}")]);
+        let ready: Vec<&Value> = pods["items"]
+            .as_array()?
+            .iter()
+            .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+            .filter(|p| {
+                p["status"]["conditions"]
+                    .as_array()
+                    .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
+            })
+            .collect();
+        let [p] = ready.as_slice() else { return None };
+        Some((
+            p["metadata"]["name"].as_str()?.to_owned(),
+            p["status"]["podIP"].as_str()?.to_owned(),
+            p["spec"]["nodeName"].as_str()?.to_owned(),
+        ))
+    }
+
+    pub fn wait_ready_pod(&self, app: &str) -> (String, String, String) {
+        wait_for(&format!("a Ready pod app={app} in {}", self.name), Duration::from_secs(120), || self.ready_pod(app))
+    }
+
+    /// TCP bulk from `pod` to `target_ip`'s sink for `seconds`; bits per second received.
+    pub fn throughput_bps(&self, pod: &str, target_ip: &str, seconds: f64) -> f64 {
+        let out = self.kubectl(&[
+            "exec",
+            pod,
+            "--",
+            "isthmus-probe",
+            "throughput",
+            "--target",
+            &format!("{target_ip}:7001"),
+            "--seconds",
+            &seconds.to_string(),
+        ]);
+        let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("probe output is not JSON ({e}): {out}"));
+        v["bits_per_second"].as_f64().unwrap_or_else(|| panic!("no bits_per_second in {out}"))
+    }
+
+    /// UDP echo RTT summary (the probe's JSON).
+    pub fn rtt(&self, pod: &str, target_ip: &str, count: u32) -> Value {
+        let out = self.kubectl(&[
+            "exec",
+            pod,
+            "--",
+            "isthmus-probe",
+            "rtt",
+            "--target",
+            &format!("{target_ip}:7000"),
+            "--count",
+            &count.to_string(),
+        ]);
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("probe output is not JSON ({e}): {out}"))
+    }
+
+    /// A condition of a NetworkLink: (status, reason, message), if present and written for the current
+    /// generation.
+    pub fn link_condition(&self, link: &str, type_: &str) -> Option<(String, String, String)> {
+        let l = self.json(&["get", "networklink", link]);
+        let generation = l["metadata"]["generation"].as_i64();
+        let c = l["status"]["conditions"].as_array()?.iter().find(|c| c["type"] == type_)?.clone();
+        if c["observedGeneration"].as_i64() != generation {
+            return None;
+        }
+        Some((
+            c["status"].as_str()?.to_owned(),
+            c["reason"].as_str().unwrap_or_default().to_owned(),
+            c["message"].as_str().unwrap_or_default().to_owned(),
+        ))
+    }
+
+    /// Waits until the link reports Ready=True with every pair applied; returns the number of pairs.
+    pub fn wait_link_applied(&self, link: &str) -> i64 {
+        wait_for(
+            &format!("NetworkLink {}/{link} Ready with all pairs applied", self.name),
+            Duration::from_secs(60),
+            || {
+                let (status, reason, _) = self.link_condition(link, "Ready")?;
+                let s = self.json(&["get", "networklink", link]);
+                let pairs = s["status"]["pairs"].as_i64()?;
+                (status == "True" && reason == "Applied" && s["status"]["pairsApplied"].as_i64() == Some(pairs))
+                    .then_some(pairs)
+            },
+        )
+    }
+}
+
+impl Drop for TestNamespace {
+    fn drop(&mut self) {
+        // Links first, so their finalizers run while the operator and the pods still exist.
+        let _ = kubectl_raw(&["-n", &self.name, "delete", "networklinks", "--all", "--wait", "--timeout=60s"], None);
+        let _ = kubectl_raw(&["delete", "namespace", &self.name, "--wait", "--timeout=120s"], None);
+    }
+}
+
+/// A NetworkLink from pods `app=<from>` to pods `app=<to>`, one way, with `impairment` as a YAML flow map.
+pub fn link_manifest(name: &str, from: &str, to: &str, impairment: &str, priority: Option<i32>) -> String {
+    let priority = priority.map(|p| format!("  priority: {p}\n")).unwrap_or_default();
+    format!(
+        r#"apiVersion: isthmus.dev/v1alpha1
+kind: NetworkLink
+metadata: {{name: {name}}}
+spec:
+  from: {{podSelector: {{matchLabels: {{app: {from}}}}}}}
+  to: {{podSelector: {{matchLabels: {{app: {to}}}}}}}
+  oneWay: true
+{priority}  impairment: {impairment}
+"#
+    )
+}
+
+pub fn mbit(bps: f64) -> String {
+    format!("{:.2} Mbit/s", bps / 1e6)
+}
+
+/// The qdiscs on `eth0` of the pod with IP `pod_ip`, read on the host with iproute2 as an independent reference
+/// (`tc -j qdisc show`). Only possible where the nodes share this machine's kernel and PID namespace: the local
+/// provider. None elsewhere (kind nodes are containers with their own PID namespace), or if no netns has that IP.
+pub fn local_pod_qdiscs(pod_ip: &str) -> Option<Vec<String>> {
+    if provider() != "local" {
+        return None;
+    }
+    let mut seen = std::collections::HashSet::new();
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let ns = entry.path().join("ns/net");
+        let Ok(target) = std::fs::read_link(&ns) else {
+            continue;
+        };
+        if !seen.insert(target) {
+            continue;
+        }
+        let net = format!("--net={}", ns.display());
+        let addrs =
+            Command::new("nsenter").args([net.as_str(), "ip", "-o", "-4", "addr", "show", "dev", "eth0"]).output();
+        let Ok(addrs) = addrs else { continue };
+        if !String::from_utf8_lossy(&addrs.stdout).contains(&format!(" {pod_ip}/")) {
+            continue;
+        }
+        let out =
+            Command::new("nsenter").args([net.as_str(), "tc", "-j", "qdisc", "show", "dev", "eth0"]).output().ok()?;
+        let v: Value = serde_json::from_slice(&out.stdout).ok()?;
+        return Some(
+            v.as_array()?
+                .iter()
+                .map(|q| format!("{} {}", q["kind"].as_str().unwrap_or("?"), q["handle"].as_str().unwrap_or("?")))
+                .collect(),
+        );
+    }
+    None
+}
+
+/// Asserts (local provider only) that the pod's eth0 carries no isthmus qdisc (htb/tbf/netem) any more.
+pub fn assert_no_isthmus_qdisc_local(pod_ip: &str) {
+    match local_pod_qdiscs(pod_ip) {
+        Some(qdiscs) => {
+            println!("qdiscs on {pod_ip} eth0 (host-side tc, local provider): {qdiscs:?}");
+            assert!(
+                !qdiscs.iter().any(|q| q.starts_with("htb") || q.starts_with("tbf") || q.starts_with("netem")),
+                "isthmus qdiscs left on {pod_ip}: {qdiscs:?}"
+            );
+        }
+        None if provider() == "local" => {
+            panic!("no network namespace on this machine has pod IP {pod_ip}")
+        }
+        None => println!("qdisc check skipped: provider {} does not share this machine's PID namespace", provider()),
+    }
+}
+
+/// Asserts (local provider only) that the pod's eth0 carries isthmus's HTB root: proves the host-side check
+/// sees the pod's qdiscs, so its "nothing left" answer means something.
+pub fn assert_isthmus_qdisc_local(pod_ip: &str) {
+    match local_pod_qdiscs(pod_ip) {
+        Some(qdiscs) => {
+            println!("qdiscs on {pod_ip} eth0 while linked (host-side tc): {qdiscs:?}");
+            assert!(
+                qdiscs.iter().any(|q| q.starts_with("htb")),
+                "no HTB root on {pod_ip} while the link is applied: {qdiscs:?}"
+            );
+        }
+        None if provider() == "local" => {
+            panic!("no network namespace on this machine has pod IP {pod_ip}")
+        }
+        None => println!("qdisc check skipped: provider {} does not share this machine's PID namespace", provider()),
+    }
+}
