@@ -23,6 +23,7 @@ use isthmus_agent_api::{Correlated, Impairment, Loss, Percent, Reorder};
 use super::error::DatapathError;
 use super::handles::{self, DEFAULT_CLASS, IPV4_HASH_TABLE, IPV6_HASH_TABLE, MAX_DESTINATIONS, ROOT_QDISC, Slot};
 use super::model::*;
+use super::netlink::psched::{self, PSCHED_SHIFT};
 
 /// Ceiling for classes that must not limit: far above any NIC or veth (a 10 Gbit/s ceiling was measured to
 /// cut a veth's unimpaired TCP to a quarter).
@@ -55,7 +56,6 @@ pub const CATCH_ALL_PRIORITY: u16 = 0xffff;
 /// Node id of the link (v4/v6 tables) and of the catch-all entry, each alone in its filter priority's root table.
 pub const LINK_NODE: u32 = 1;
 
-const PSCHED_SHIFT: u32 = 6;
 const IPV4_DST_OFFSET: i32 = 16;
 const IPV6_DST_OFFSET: i32 = 24;
 
@@ -379,25 +379,10 @@ fn bytes_in(rate_bytes_per_sec: u64, time: Duration) -> u64 {
 /// What the kernel dumps as TBF's `buffer` when given `TCA_TBF_BURST = burst`: the time to send `burst` bytes
 /// at `rate` (kernel `psched_ratecfg_precompute` + `psched_l2t_ns`), in 64 ns psched ticks.
 pub fn tbf_buffer_ticks(rate_bytes_per_sec: u64, burst: u64) -> u64 {
-    let (mult, shift) = psched_mult_shift(rate_bytes_per_sec);
+    // The codec's replica of the kernel arithmetic, widened: a default burst is computed in u64 before the
+    // representability check.
+    let (mult, shift) = psched::rate_mult_shift(rate_bytes_per_sec);
     ((u128::from(burst) * u128::from(mult)) >> shift) as u64 >> PSCHED_SHIFT
-}
-
-/// The kernel's reciprocal-rate representation: ns = len × mult >> shift.
-fn psched_mult_shift(rate_bytes_per_sec: u64) -> (u32, u32) {
-    if rate_bytes_per_sec == 0 {
-        return (1, 0);
-    }
-    let mut factor: u64 = 1_000_000_000;
-    let mut shift = 0;
-    loop {
-        let mult = (factor / rate_bytes_per_sec) as u32;
-        if mult & (1 << 31) != 0 || factor & (1 << 63) != 0 {
-            return (mult, shift);
-        }
-        factor <<= 1;
-        shift += 1;
-    }
 }
 
 /// Bytes the kernel's TBF bucket holds for `ticks` at `rate` (inverse of [`tbf_buffer_ticks`], rounded).
