@@ -191,7 +191,11 @@ async fn agent_auth_rotated_certificates_are_used_without_restart() {
     let tmp = agent_root.join("..data_tmp");
     std::os::unix::fs::symlink("..gen3", &tmp).unwrap();
     std::fs::rename(&tmp, agent_root.join("..data")).unwrap();
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    // The agent polls every second; wait for it to have seen the broken files, however loaded the machine.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !agent.log_text().contains("keeping the previous certificates") {
+        assert!(Instant::now() < deadline, "the broken rotation was never reported: {}", agent.log_text());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     operator.capabilities(agent.api).await.expect("previous certificates stay in force");
-    assert!(agent.log_text().contains("keeping the previous certificates"), "{}", agent.log_text());
 }

@@ -12,6 +12,9 @@ use std::time::{Duration, Instant};
 
 use isthmus_agent_api::client::{AgentClient, ClientConfig, TlsFiles};
 
+#[path = "../goodput/mod.rs"]
+pub mod goodput;
+
 static COUNTER: AtomicUsize = AtomicUsize::new(0);
 
 /// A unique, short name (interface names are limited to 15 bytes).
@@ -146,49 +149,17 @@ pub fn add_addr(ns: &Ns, dev: &str, addr: IpAddr) {
     ip(&["-n", &ns.name, "addr", "add", &format!("{addr}/{prefix}"), "dev", dev, "nodad"]);
 }
 
-/// Measures TCP goodput from `from` to `to_ip:port` (a sink started in `to`), sending at most `max_bytes` for at
-/// most `max_time`. Returns bits per second.
-pub fn tcp_throughput(from: &Ns, to: &Ns, to_ip: IpAddr, max_bytes: usize, max_time: Duration) -> f64 {
+/// Steady-state TCP goodput from `from` to `to_ip` (a listener in `to`), in bit/s: see
+/// [`goodput::steady_goodput_bps`].
+pub fn tcp_goodput(from: &Ns, to: &Ns, to_ip: IpAddr) -> f64 {
     let port = 5201 + (COUNTER.fetch_add(1, Ordering::SeqCst) % 1000) as u16;
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    let sink = to.run_in(move || {
-        let listener = TcpListener::bind(SocketAddr::new(to_ip, port)).unwrap();
-        ready_tx.send(()).unwrap();
-        let (mut conn, _) = listener.accept().unwrap();
-        conn.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-        let mut buf = vec![0u8; 1 << 16];
-        let mut total = 0usize;
-        while let Ok(n) = conn.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            total += n;
-        }
-        total
-    });
-    ready_rx.recv_timeout(Duration::from_secs(5)).unwrap();
-    let source = from.run_in(move || {
-        let mut conn = TcpStream::connect_timeout(&SocketAddr::new(to_ip, port), Duration::from_secs(5)).unwrap();
-        conn.set_write_timeout(Some(Duration::from_millis(200))).unwrap();
-        let buf = vec![0x5au8; 1 << 14];
-        let start = Instant::now();
-        let mut sent = 0usize;
-        while sent < max_bytes && start.elapsed() < max_time {
-            match conn.write(&buf) {
-                Ok(n) => sent += n,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::TimedOut => {}
-                Err(e) => panic!("sending: {e}"),
-            }
-        }
-        let _ = conn.shutdown(std::net::Shutdown::Write);
-        let elapsed = start.elapsed();
-        (sent, elapsed)
-    });
-    let (sent, elapsed) = source.join().unwrap();
-    let received = sink.join().unwrap();
-    assert!(received <= sent);
-    // Bytes still queued at the sender when time was up count as not delivered within the window.
-    received as f64 * 8.0 / elapsed.as_secs_f64().max(1e-3)
+    let listener = to.run_in(move || TcpListener::bind(SocketAddr::new(to_ip, port))).join().unwrap().unwrap();
+    let sender = from
+        .run_in(move || TcpStream::connect_timeout(&SocketAddr::new(to_ip, port), Duration::from_secs(5)))
+        .join()
+        .unwrap()
+        .unwrap();
+    goodput::steady_goodput_bps(listener, sender)
 }
 
 /// A CA and certificates issued by it, written as mounted-Secret directories.
