@@ -40,11 +40,7 @@ fn err(input: &str, reason: impl Into<String>) -> UnitError {
 }
 
 /// Splits `12.5ms` into (`12`, `5`, `ms`); digits are ASCII only and bounded like the schema patterns.
-fn split_number<'a>(
-    input: &'a str,
-    max_int: usize,
-    max_frac: usize,
-) -> Result<(&'a str, Option<&'a str>, &'a str), UnitError> {
+fn split_number(input: &str, max_int: usize, max_frac: usize) -> Result<(&str, Option<&str>, &str), UnitError> {
     let number_end = input.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(input.len());
     let (number, unit) = input.split_at(number_end);
     let (int, frac) = match number.split_once('.') {
@@ -57,10 +53,10 @@ fn split_number<'a>(
     if int.len() > max_int {
         return Err(err(input, format!("at most {max_int} digits before the decimal point")));
     }
-    if let Some(f) = frac {
-        if f.is_empty() || f.contains('.') || f.len() > max_frac {
-            return Err(err(input, format!("a decimal fraction has 1 to {max_frac} digits")));
-        }
+    if let Some(f) = frac
+        && (f.is_empty() || f.contains('.') || f.len() > max_frac)
+    {
+        return Err(err(input, format!("a decimal fraction has 1 to {max_frac} digits")));
     }
     Ok((int, frac, unit))
 }
