@@ -179,8 +179,10 @@ async fn client_and_namespace() -> (Client, String) {
     )
     .await
     .expect("the generated CRD installs (its CEL rules compile within the cost budget)");
-    // The CRD is served once Established.
-    for _ in 0..100 {
+    // The CRD is served once Established. Usually well under a second; the bound is for a loaded machine, and
+    // running on without it would fail every test below with a confusing 404.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
         let crd = crds.get("networklinks.isthmus.dev").await.unwrap();
         let established = crd
             .status
@@ -191,6 +193,7 @@ async fn client_and_namespace() -> (Client, String) {
         if established {
             break;
         }
+        assert!(tokio::time::Instant::now() < deadline, "the NetworkLink CRD is not Established after 60 s");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let ns = format!("nl-it-{}", std::process::id());

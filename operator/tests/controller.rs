@@ -426,7 +426,9 @@ impl RealAgent {
         issue("isthmus-agent", true, "agent-tls");
         issue(OPERATOR_IDENTITY, false, "operator-tls");
         let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let (port, health) = (free(), free());
+        // Two ports released in turn can be the same one; the agent then fails to bind and never answers.
+        let port = free();
+        let health = std::iter::repeat_with(free).find(|h| *h != port).unwrap();
         let log = std::fs::File::create(dir.join("agent.log")).unwrap();
         let child = std::process::Command::new(binary)
             .args(["serve", "--node-name", node, "--log-format", "text", "--tls-reload-seconds", "1"])

@@ -87,7 +87,9 @@ def main():
         secret_files("isthmus-agent-tls", agent_dir)
         secret_files("isthmus-operator-tls", op_dir)
         started = time.time()
-        while time.time() - started < 15:
+        # The agent polls its files every second; the bound is for a loaded machine and costs nothing when it
+        # switches at once.
+        while time.time() - started < 60:
             new, old = call(op_dir), call(old_op)
             if new == "200" and old == "000":
                 break

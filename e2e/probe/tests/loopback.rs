@@ -11,6 +11,12 @@ use serde_json::Value;
 
 const PROBE: &str = env!("CARGO_BIN_EXE_isthmus-probe");
 
+/// --timeout-ms for the runs that must lose nothing: an echo later than the timeout counts as lost, and a process
+/// on a loaded 2-core machine (this binary runs its tests in parallel) can be descheduled for more than the
+/// default 2 s. Loopback drops nothing that arrives late, so only a real loss or a missing echo fails these runs;
+/// a run that gets every echo ends at once, so the longer timeout costs nothing when it passes.
+const LOSSLESS_TIMEOUT_MS: &str = "10000";
+
 /// A running `serve`, killed when dropped (also when the test fails).
 struct Server {
     child: Child,
@@ -90,6 +96,14 @@ fn probe_json(args: &[&str]) -> Value {
     serde_json::from_str(&stdout).expect("stdout is JSON")
 }
 
+/// `rtt` with [`LOSSLESS_TIMEOUT_MS`], so that a late echo is not taken for a lost one; `extra` adds flags.
+fn rtt_lossless(target: &str, proto: &str, count: &str, interval_ms: &str, extra: &[&str]) -> Value {
+    let mut args = vec!["rtt", "--target", target, "--proto", proto, "--count", count, "--interval-ms", interval_ms];
+    args.extend(["--timeout-ms", LOSSLESS_TIMEOUT_MS]);
+    args.extend_from_slice(extra);
+    probe_json(&args)
+}
+
 fn u(v: &Value, key: &str) -> u64 {
     v[key].as_u64().unwrap_or_else(|| panic!("{key} is not an unsigned integer in {v}"))
 }
@@ -129,8 +143,7 @@ fn assert_lossless_loopback(report: &Value, count: u64) {
 #[test]
 fn udp_round_trip_on_loopback_loses_nothing() {
     let server = start_server();
-    let report =
-        probe_json(&["rtt", "--target", &server.echo(), "--proto", "udp", "--count", "50", "--interval-ms", "2"]);
+    let report = rtt_lossless(&server.echo(), "udp", "50", "2", &[]);
     assert_complete_rtt_report(&report, "udp", 50);
     assert_lossless_loopback(&report, 50);
     assert_eq!(report["target"], server.echo());
@@ -139,19 +152,7 @@ fn udp_round_trip_on_loopback_loses_nothing() {
 #[test]
 fn tcp_round_trip_on_loopback_loses_nothing() {
     let server = start_server();
-    let report = probe_json(&[
-        "rtt",
-        "--target",
-        &server.echo(),
-        "--proto",
-        "tcp",
-        "--count",
-        "50",
-        "--interval-ms",
-        "2",
-        "--size",
-        "1000",
-    ]);
+    let report = rtt_lossless(&server.echo(), "tcp", "50", "2", &["--size", "1000"]);
     assert_complete_rtt_report(&report, "tcp", 50);
     assert_lossless_loopback(&report, 50);
     assert_eq!(u(&report, "size"), 1000);
@@ -166,22 +167,7 @@ fn back_to_back_probes_from_many_clients_are_all_answered() {
             .map(|i| {
                 let proto = if i % 2 == 0 { "udp" } else { "tcp" };
                 let target = &target;
-                scope.spawn(move || {
-                    (
-                        proto,
-                        probe_json(&[
-                            "rtt",
-                            "--target",
-                            target,
-                            "--proto",
-                            proto,
-                            "--count",
-                            "200",
-                            "--interval-ms",
-                            "0",
-                        ]),
-                    )
-                })
+                scope.spawn(move || (proto, rtt_lossless(target, proto, "200", "0", &[])))
             })
             .collect();
         for run in runs {
@@ -202,19 +188,7 @@ fn tcp_back_to_back_beyond_the_socket_buffers_completes() {
     // 20 MB of probes with no pause: far more than both ends' socket buffers hold, so a prober
     // that did not bound what it has in flight would stall with the echo server.
     let server = start_server();
-    let report = probe_json(&[
-        "rtt",
-        "--target",
-        &server.echo(),
-        "--proto",
-        "tcp",
-        "--count",
-        "20000",
-        "--interval-ms",
-        "0",
-        "--size",
-        "1000",
-    ]);
+    let report = rtt_lossless(&server.echo(), "tcp", "20000", "0", &["--size", "1000"]);
     assert_complete_rtt_report(&report, "tcp", 20000);
     assert_lossless_loopback(&report, 20000);
 }

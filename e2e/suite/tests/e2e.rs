@@ -4,8 +4,16 @@
 use isthmus_e2e::*;
 use std::time::{Duration, Instant};
 
-/// Measured goodput must be within this fraction of the configured rate's expected goodput.
-const RATE_TOLERANCE: f64 = 0.10;
+/// A shaper never gives more than its rate: a reading above the expected goodput by more than this fraction fails
+/// at once (the probe counts at the receiver, first byte to end of stream, so only the bucket's 5 ms burst and
+/// timer granularity can raise it).
+const RATE_ABOVE: f64 = 0.10;
+/// TCP can give less than the rate (slow start, a tail drop's 200 ms retransmission timeout, a sender starved of
+/// CPU on a shared 2-core machine): a reading may fall this far below it.
+const RATE_BELOW: f64 = 0.15;
+/// Readings below the band are taken again up to this many times in all; a cap set at half its rate (or any
+/// other real misconfiguration below the band) still fails every one of them.
+const RATE_ATTEMPTS: usize = 3;
 
 fn nodes() -> Vec<String> {
     let v = kubectl_json(&["get", "nodes"]);
@@ -21,39 +29,45 @@ fn two_nodes() -> (String, String) {
     (n[0].clone(), n.get(1).unwrap_or(&n[0]).clone())
 }
 
-fn assert_rate(what: &str, measured: f64, configured_bps: f64) {
+/// Fails if `measured` exceeds what a cap of `configured_bps` lets through; returns the measured/expected ratio.
+fn assert_not_above_cap(what: &str, measured: f64, configured_bps: f64) -> f64 {
     let expected = expected_goodput_bps(configured_bps);
-    let off = (measured - expected).abs() / expected;
-    println!(
-        "{what}: measured {} vs expected {} ({:+.1} %)",
-        mbit(measured),
-        mbit(expected),
-        (measured / expected - 1.0) * 100.0
-    );
+    let ratio = measured / expected;
+    println!("{what}: measured {} vs expected {} ({:+.1} %)", mbit(measured), mbit(expected), (ratio - 1.0) * 100.0);
     assert!(
-        off <= RATE_TOLERANCE,
-        "{what}: {} is more than {:.0} % off {}",
+        ratio <= 1.0 + RATE_ABOVE,
+        "{what}: {} is more than {:.0} % above the cap's {}",
         mbit(measured),
-        RATE_TOLERANCE * 100.0,
+        RATE_ABOVE * 100.0,
         mbit(expected)
     );
+    ratio
 }
 
-/// Like [`assert_rate`] on `measure()`, but a reading *below* the tolerance is taken once more: on a loaded
-/// machine a starved sender falls short of the cap, which says nothing about the cap. Above the cap fails at once.
-fn assert_rate_measured(what: &str, configured_bps: f64, mut measure: impl FnMut() -> f64) {
-    let expected = expected_goodput_bps(configured_bps);
-    let first = measure();
-    if first < expected * (1.0 - RATE_TOLERANCE) {
-        println!("{what}: {} is below the tolerance (sender starved?); measuring once more", mbit(first));
-        assert_rate(what, measure(), configured_bps);
-    } else {
-        assert_rate(what, first, configured_bps);
+/// The cap `configured_bps` measured with `measure()`: every reading must stay under it (+10 %), and one of up to
+/// three must come within 15 % of it. Returns the accepted reading.
+fn assert_rate_measured(what: &str, configured_bps: f64, mut measure: impl FnMut() -> f64) -> f64 {
+    let mut readings = Vec::new();
+    for attempt in 1..=RATE_ATTEMPTS {
+        let got = measure();
+        readings.push(got);
+        if assert_not_above_cap(what, got, configured_bps) >= 1.0 - RATE_BELOW {
+            return got;
+        }
+        if attempt < RATE_ATTEMPTS {
+            println!("{what}: below the band (sender starved or a retransmission timeout?); measuring once more");
+        }
     }
+    panic!(
+        "{what}: every reading ({}) is more than {:.0} % below the cap's {}",
+        readings.iter().map(|r| mbit(*r)).collect::<Vec<_>>().join(", "),
+        RATE_BELOW * 100.0,
+        mbit(expected_goodput_bps(configured_bps))
+    );
 }
 
-/// bandwidth-only: the cap is measured (±10 %), the reverse direction is untouched, an edit while the link is in
-/// place is followed, and deleting the link gives the baseline back.
+/// bandwidth-only: the cap is measured (no reading above +10 %, one of up to three within -15 %), the reverse
+/// direction is untouched, an edit while the link is in place is followed, and deleting the link uncaps it.
 #[test]
 fn bandwidth_link_measured_edited_and_removed() {
     let ns = TestNamespace::new("bw");
@@ -91,7 +105,9 @@ fn bandwidth_link_measured_edited_and_removed() {
     ns.kubectl(&["delete", "networklink", "cap", "--wait", "--timeout=60s"]);
     let after = ns.throughput_bps(&client, &server_ip, 3.0);
     println!("after delete: {} (baseline {})", mbit(after), mbit(baseline));
-    assert!(after > 3.0 * 50e6 && after > 0.5 * baseline, "throughput did not return to baseline: {}", mbit(after));
+    // Uncapped, not "near the baseline": CPU-bound veth throughput on a shared machine varies by more than 2x
+    // between two readings, while a cap left in place reads 20 Mbit/s, far below this bound.
+    assert!(after > 3.0 * 50e6, "throughput did not return to uncapped: {}", mbit(after));
     assert_no_isthmus_qdisc_local(&client_ip);
 }
 
@@ -126,46 +142,76 @@ fn latency_link_is_measured_or_degraded_without_netem() {
     }
 }
 
+/// A one-second reading right after Ready says something about the cap at Ready only if it ended this soon after
+/// the test saw Ready (`kubectl exec` start-up included) ...
+const FIRST_SECOND_ENDS_BY: Duration = Duration::from_millis(2500);
+/// ... and traffic flowed for most of that second (a sender starved of CPU moves little either way).
+const FIRST_SECOND_MIN_SHARE: f64 = 0.5;
+/// Replacements tried until one gives a conclusive first-second reading.
+const REPLACEMENTS: usize = 3;
+
 /// Follow the workload: the client pod is replaced on the other node (new IP) and is capped again right after
-/// it becomes Ready.
+/// it becomes Ready. A one-second transfer started as soon as the test sees Ready must not exceed the cap: an
+/// uncapped moment of even 2 % of it, at the > 150 Mbit/s a pod gets here, would push the average over. Above the
+/// cap fails at once, whenever measured. Whether a reading at or under the cap proves the cap was there from Ready
+/// depends on how soon `kubectl exec` started and on the sender getting CPU; when a reading is inconclusive on
+/// either count, the pod is replaced again (up to three times), so a slow machine does not fail the test and a
+/// missing cap still does.
 #[test]
 fn replacement_pod_is_impaired_again() {
     let ns = TestNamespace::new("follow");
     let (n1, n2) = two_nodes();
     ns.probe_deployment("client", Some(&n1));
     ns.probe_deployment("server", Some(&n2));
-    let (old, old_ip, _) = ns.wait_ready_pod("client");
+    let (mut current, mut current_ip, mut current_node) = ns.wait_ready_pod("client");
     let (_, server_ip, _) = ns.wait_ready_pod("server");
     ns.apply(&link_manifest("cap", "client", "server", "{bandwidth: 20Mbit}", None));
     ns.wait_link_applied("cap");
-    assert_rate_measured("before replacement", 20e6, || ns.throughput_bps(&old, &server_ip, 3.0));
+    assert_rate_measured("before replacement", 20e6, || ns.throughput_bps(&current, &server_ip, 3.0));
 
-    // Moving the Deployment to the other node replaces the pod there (a new pod, a new IP).
-    let patch = format!(r#"{{"spec":{{"template":{{"spec":{{"nodeName":"{n2}"}}}}}}}}"#);
-    ns.kubectl(&["patch", "deployment", "client", "--type=merge", "-p", &patch]);
-    let (new, new_ip, node) = wait_for("the replacement client pod Ready", Duration::from_secs(120), || {
-        ns.ready_pod("client").filter(|(name, _, _)| *name != old)
-    });
-    let ready_at = Instant::now();
-    println!("replacement {new} ({new_ip}) on {node}, was {old} ({old_ip}) on {n1}");
-    assert_ne!(new_ip, old_ip);
-    let first = ns.throughput_bps(&new, &server_ip, 1.0);
-    let first_done = ready_at.elapsed();
-    let second_start = ready_at.elapsed();
-    let second = ns.throughput_bps(&new, &server_ip, 2.0);
-    println!(
-        "throughput in [~0, {first_done:.1?}] after Ready: {}; in [{second_start:.1?}, {:.1?}]: {}",
-        mbit(first),
-        ready_at.elapsed(),
-        mbit(second)
-    );
-    assert!(second_start <= Duration::from_millis(2500), "measurement started late: {second_start:?}");
-    // A 1 s average at the cap means the cap was there from the start of the transfer, well within 2 s of Ready.
-    assert!(first_done <= Duration::from_millis(2500), "first measurement ended late: {first_done:?}");
-    assert_rate("replacement pod, the first second after Ready", first, 20e6);
-    assert_rate("replacement pod, the next 2 s", second, 20e6);
-    assert_isthmus_qdisc_local(&new_ip);
-    ns.wait_link_applied("cap");
+    let mut inconclusive = Vec::new();
+    for replacement in 1..=REPLACEMENTS {
+        // Moving the Deployment to the other node replaces the pod there (a new pod, a new IP); the annotation
+        // changes the template even when both nodes are one (a one-node cluster) or the pod is back on its node.
+        let target = if replacement % 2 == 1 { &n2 } else { &n1 };
+        let patch = serde_json::json!({"spec": {"template": {
+            "metadata": {"annotations": {"isthmus.dev/e2e-replacement": replacement.to_string()}},
+            "spec": {"nodeName": target},
+        }}});
+        ns.kubectl(&["patch", "deployment", "client", "--type=merge", "-p", &patch.to_string()]);
+        let (new, new_ip, node) = wait_for("the replacement client pod Ready", Duration::from_secs(120), || {
+            ns.ready_pod("client").filter(|(name, _, _)| *name != current)
+        });
+        let ready_at = Instant::now();
+        let first = ns.throughput_bps(&new, &server_ip, 1.0);
+        let first_done = ready_at.elapsed();
+        println!(
+            "replacement {replacement}: {new} ({new_ip}) on {node}, was {current} ({current_ip}) on {current_node}; \
+             1 s transfer ended {first_done:.1?} after Ready: {}",
+            mbit(first)
+        );
+        assert_ne!(new_ip, current_ip, "the replacement pod kept the old pod's IP");
+        let share = assert_not_above_cap("replacement pod, the first second after Ready", first, 20e6);
+        if first_done <= FIRST_SECOND_ENDS_BY && share >= FIRST_SECOND_MIN_SHARE {
+            assert_rate_measured("replacement pod, after its first second", 20e6, || {
+                ns.throughput_bps(&new, &server_ip, 2.0)
+            });
+            assert_isthmus_qdisc_local(&new_ip);
+            ns.wait_link_applied("cap");
+            return;
+        }
+        let why = format!(
+            "replacement {replacement}: ended {first_done:.1?} after Ready (needs {FIRST_SECOND_ENDS_BY:?}), \
+             {} ({:.0} % of the cap, needs {:.0} %)",
+            mbit(first),
+            share * 100.0,
+            FIRST_SECOND_MIN_SHARE * 100.0
+        );
+        println!("inconclusive, replacing the pod again: {why}");
+        inconclusive.push(why);
+        (current, current_ip, current_node) = (new, new_ip, node);
+    }
+    panic!("no replacement pod could be measured in its first second after Ready: {inconclusive:#?}");
 }
 
 /// Two links over the same pair: the higher priority one is applied, both say Overlapping.

@@ -98,7 +98,7 @@ fn probe_spec() -> StreamSpec {
 fn baseline_no_qdisc(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
     let link = Link::new("baseline", 1)?;
     let dst = link.destinations[0];
-    ctx.with_one_retry("baseline", |ctx| {
+    ctx.with_retries("baseline", |ctx| {
         let r = stream(&link, dst, 7000, &probe_spec())?;
         let d = r.delay()?;
         ctx.record("delay_ms", d);
@@ -161,11 +161,11 @@ fn reference_tree_iproute2(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
     ] {
         link.a.tc(&step)?;
     }
-    ctx.with_one_retry("reference", |ctx| {
+    ctx.with_retries("reference", |ctx| {
         let r = stream(&link, link.destinations[0], 7001, &probe_spec())?;
         let s = r.delay()?;
         ctx.record("delay_ms", s);
-        expect::delay_and_mean_near(ctx, "netem 20ms via tc", &s, 20.0)?;
+        expect::delay_and_mean_near(ctx, "netem 20ms via tc", &s, 20.0, 0.0)?;
         ensure!(r.lost() == 0, "lost {} of {} packets with no loss configured", r.lost(), r.sent);
         Ok(())
     })?;
