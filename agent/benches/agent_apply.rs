@@ -86,12 +86,18 @@ async fn main() {
     ];
     let mut times: Vec<Vec<f64>> = vec![Vec::new(); phases.len()];
     let mut rss_after = Vec::new();
+    // Per phase, the highest peak (VmHWM) over the rounds: the peak is reset before each phase.
+    let mut phase_peaks = vec![0u64; phases.len()];
+    // Per phase, the resident size right after it (max over the rounds).
+    let mut phase_after = vec![0u64; phases.len()];
     let mut version = 0;
     for round in 0..rounds {
         let timed_apply = |plan: NodePlan| {
             let client = &client;
             let api = agent.api;
+            let agent = &agent;
             async move {
+                agent.reset_peak_rss();
                 let start = Instant::now();
                 let reply = client.apply(api, &plan).await.expect("apply");
                 let elapsed = start.elapsed().as_secs_f64();
@@ -106,25 +112,37 @@ async fn main() {
         version += 1;
         let (t, m_cold) = timed_apply(plan(&fleet, version, PODS, 10_000_000)).await;
         times[0].push(t);
+        phase_peaks[0] = phase_peaks[0].max(agent.rss_kib().1);
+        phase_after[0] = phase_after[0].max(agent.rss_kib().0);
         version += 1;
         let (t, m_same) = timed_apply(plan(&fleet, version, PODS, 10_000_000)).await;
         assert_eq!(m_same, 0, "an unchanged plan sends nothing");
         times[1].push(t);
+        phase_peaks[1] = phase_peaks[1].max(agent.rss_kib().1);
+        phase_after[1] = phase_after[1].max(agent.rss_kib().0);
         version += 1;
         let (t, m_changed) = timed_apply(plan(&fleet, version, PODS, 20_000_000)).await;
         times[2].push(t);
+        phase_peaks[2] = phase_peaks[2].max(agent.rss_kib().1);
+        phase_after[2] = phase_after[2].max(agent.rss_kib().0);
+        agent.reset_peak_rss();
         let start = Instant::now();
         let observed = client.observed(agent.api).await.unwrap();
         times[3].push(start.elapsed().as_secs_f64());
+        phase_peaks[3] = phase_peaks[3].max(agent.rss_kib().1);
+        phase_after[3] = phase_after[3].max(agent.rss_kib().0);
         assert_eq!(observed.pods.iter().map(|p| p.destinations.len()).sum::<usize>(), PODS * DESTINATIONS);
         rss_after.push(agent.rss_kib());
         version += 1;
         let (t, _) = timed_apply(NodePlan { node: NODE.into(), version, pods: vec![] }).await;
         times[4].push(t);
+        phase_peaks[4] = phase_peaks[4].max(agent.rss_kib().1);
+        phase_after[4] = phase_after[4].max(agent.rss_kib().0);
         eprintln!("round {round}: mutations cold {m_cold}, unchanged {m_same}, changed {m_changed}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let (rss_end, hwm) = agent.rss_kib();
+    let (rss_end, _) = agent.rss_kib();
+    let hwm = phase_peaks.iter().copied().max().unwrap_or(0);
     println!("\n### Agent: {PODS} pods × {DESTINATIONS} destinations, rate-only trees, {rounds} rounds\n");
     println!("| phase | median (s) | min (s) | max (s) |");
     println!("|---|---|---|---|");
@@ -135,7 +153,14 @@ async fn main() {
     let max_rss = rss_after.iter().map(|r| r.0).max().unwrap_or(0);
     println!("\n| agent memory | MiB |\n|---|---|");
     println!("| resident after start (adoption, no plan) | {:.1} |", rss_idle as f64 / 1024.0);
-    println!("| resident with 10,000 links installed (max over rounds) | {:.1} |", max_rss as f64 / 1024.0);
+    println!(
+        "| resident with 10,000 links installed, after observe (max over rounds) | {:.1} |",
+        max_rss as f64 / 1024.0
+    );
     println!("| resident at the end | {:.1} |", rss_end as f64 / 1024.0);
-    println!("| peak resident (VmHWM) | {:.1} |", hwm as f64 / 1024.0);
+    println!("\n| phase | peak resident during it (VmHWM, MiB) | resident right after it (MiB) |\n|---|---|---|");
+    for ((phase, peak), after) in phases.iter().zip(&phase_peaks).zip(&phase_after) {
+        println!("| {phase} | {:.1} | {:.1} |", *peak as f64 / 1024.0, *after as f64 / 1024.0);
+    }
+    println!("\npeak resident over all phases (VmHWM): {:.1} MiB", hwm as f64 / 1024.0);
 }

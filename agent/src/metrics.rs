@@ -1,9 +1,10 @@
 //! The agent's Prometheus metrics: per-link kernel counters (refreshed from the kernel at every scrape) and
 //! the agent's own apply and authentication counters.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
-use isthmus_agent_api::{Counters, PodErrorKind};
+use ipnet::IpNet;
+use isthmus_agent_api::{Counters, Direction, LinkRef, PodErrorKind};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::MetricType;
@@ -13,20 +14,52 @@ use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-/// One destination of one source pod, attributed to the NetworkLink that asked for it.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct LinkLabels {
-    pub link_namespace: String,
-    pub link_name: String,
-    pub direction: String,
-    pub pod_namespace: String,
-    pub pod_name: String,
-    pub destination: String,
+/// The source pod of link samples, shared by all its destinations.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodName {
+    pub namespace: String,
+    pub name: String,
+}
+
+/// One destination of one source pod, attributed to the NetworkLink that asked for it, with its counters.
+/// Compact (shared pod and link, no label strings) because a node holds one per destination: the label set
+/// is written out only while a scrape encodes it.
+#[derive(Debug, Clone)]
+pub struct LinkSample {
+    pub pod: Arc<PodName>,
+    pub destination: IpNet,
+    pub link: Arc<LinkRef>,
+    pub counters: Counters,
+}
+
+impl LinkSample {
+    /// link_namespace, link_name, direction, pod_namespace, pod_name, destination.
+    fn labels<'a>(&'a self, destination: &'a str) -> [(&'static str, &'a str); 6] {
+        [
+            ("link_namespace", self.link.namespace.as_str()),
+            ("link_name", self.link.name.as_str()),
+            (
+                "direction",
+                match self.link.direction {
+                    Direction::Forward => "forward",
+                    Direction::Reverse => "reverse",
+                },
+            ),
+            ("pod_namespace", self.pod.namespace.as_str()),
+            ("pod_name", self.pod.name.as_str()),
+            ("destination", destination),
+        ]
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct OutcomeLabels {
     pub outcome: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct PathLabels {
+    pub path: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -37,7 +70,7 @@ pub struct ErrorKindLabels {
 /// The last observed kernel counters, encoded as constant metrics so that they keep the kernel's values.
 #[derive(Debug, Default)]
 struct LinkCounters {
-    snapshot: Mutex<Vec<(LinkLabels, Counters)>>,
+    snapshot: Mutex<Vec<LinkSample>>,
 }
 
 impl Collector for LinkCounters {
@@ -50,10 +83,11 @@ impl Collector for LinkCounters {
             ("isthmus_link_drops", "Packets dropped by the destination's qdiscs", |c| c.drops),
             ("isthmus_link_overlimits", "Times the destination's qdiscs throttled", |c| c.overlimits),
         ];
+        let destinations: Vec<String> = snapshot.iter().map(|s| s.destination.to_string()).collect();
         for (name, help, pick) in counters {
             let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
-            for (labels, c) in snapshot.iter() {
-                ConstCounter::new(pick(c)).encode(metric.encode_family(labels)?)?;
+            for (sample, destination) in snapshot.iter().zip(&destinations) {
+                ConstCounter::new(pick(&sample.counters)).encode(metric.encode_family(&sample.labels(destination))?)?;
             }
         }
         let gauges: [(&str, &str, Pick); 2] = [
@@ -62,8 +96,9 @@ impl Collector for LinkCounters {
         ];
         for (name, help, pick) in gauges {
             let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
-            for (labels, c) in snapshot.iter() {
-                ConstGauge::new(pick(c) as i64).encode(metric.encode_family(labels)?)?;
+            for (sample, destination) in snapshot.iter().zip(&destinations) {
+                ConstGauge::new(pick(&sample.counters) as i64)
+                    .encode(metric.encode_family(&sample.labels(destination))?)?;
             }
         }
         Ok(())
@@ -73,11 +108,14 @@ impl Collector for LinkCounters {
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
-    links: std::sync::Arc<LinkCounters>,
+    links: Arc<LinkCounters>,
     pub apply_duration_seconds: Histogram,
     pub applies: Family<OutcomeLabels, Counter>,
     pub pod_errors: Family<ErrorKindLabels, Counter>,
     pub mutations: Counter,
+    pub reconciles: Family<PathLabels, Counter>,
+    pub datapath_connections_opened: Counter,
+    pub resync_mutations: Counter,
     pub pods_in_plan: Gauge,
     pub trees_removed: Counter,
     pub tls_handshake_failures: Counter,
@@ -93,7 +131,7 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::default();
-        let links = std::sync::Arc::new(LinkCounters::default());
+        let links = Arc::new(LinkCounters::default());
         registry.register_collector(Box::new(links.clone()));
         let apply_duration_seconds = Histogram::new(exponential_buckets(0.005, 2.0, 14));
         registry.register(
@@ -115,6 +153,25 @@ impl Metrics {
         );
         let mutations = Counter::default();
         registry.register("isthmus_agent_netlink_mutations", "Netlink changes sent to the kernel", mutations.clone());
+        let reconciles = Family::<PathLabels, Counter>::default();
+        registry.register(
+            "isthmus_agent_reconciles",
+            "Per-interface reconciles by path: full (dump, diff, send) or record (diff against what the pod's \
+             connection last installed, no dump; a full one when it has no record or the kernel refuses)",
+            reconciles.clone(),
+        );
+        let datapath_connections_opened = Counter::default();
+        registry.register(
+            "isthmus_agent_datapath_connections_opened",
+            "Netlink connections opened inside pod network namespaces (one per pod and sandbox, kept across plans)",
+            datapath_connections_opened.clone(),
+        );
+        let resync_mutations = Counter::default();
+        registry.register(
+            "isthmus_agent_resync_mutations",
+            "Netlink changes sent by the periodic resync: drift found and repaired",
+            resync_mutations.clone(),
+        );
         let pods_in_plan = Gauge::default();
         registry.register("isthmus_agent_pods_in_plan", "Pods in the node plan in force", pods_in_plan.clone());
         let trees_removed = Counter::default();
@@ -142,6 +199,9 @@ impl Metrics {
             applies,
             pod_errors,
             mutations,
+            reconciles,
+            datapath_connections_opened,
+            resync_mutations,
             pods_in_plan,
             trees_removed,
             tls_handshake_failures,
@@ -149,12 +209,16 @@ impl Metrics {
         }
     }
 
-    pub fn set_link_counters(&self, snapshot: Vec<(LinkLabels, Counters)>) {
+    pub fn set_link_counters(&self, snapshot: Vec<LinkSample>) {
         *self.links.snapshot.lock().unwrap_or_else(|p| p.into_inner()) = snapshot;
     }
 
     pub fn count_pod_error(&self, kind: PodErrorKind) {
         self.pod_errors.get_or_create(&ErrorKindLabels { kind: format!("{kind:?}") }).inc();
+    }
+
+    pub fn count_reconcile(&self, path: &str) {
+        self.reconciles.get_or_create(&PathLabels { path: path.to_owned() }).inc();
     }
 
     pub fn count_apply(&self, outcome: &str) {

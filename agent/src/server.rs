@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use axum::Router;
+use axum::body::Bytes;
 use axum::extract::connect_info::Connected;
-use axum::extract::rejection::JsonRejection;
 use axum::extract::{ConnectInfo, DefaultBodyLimit, Request, State};
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
@@ -152,11 +152,19 @@ async fn require_operator(
     }
 }
 
-async fn put_plan(State(node): State<Arc<Node>>, plan: Result<axum::Json<RawNodePlan>, JsonRejection>) -> Response {
-    let plan = match plan {
-        Ok(axum::Json(plan)) => plan,
-        Err(rejection) => return error(rejection.status(), format!("malformed plan: {}", rejection.body_text())),
+async fn put_plan(State(node): State<Arc<Node>>, body: Bytes) -> Response {
+    let plan = match RawNodePlan::from_json(&body) {
+        Ok(plan) => plan,
+        Err(e) => {
+            let status = match e.classify() {
+                serde_json::error::Category::Data => StatusCode::UNPROCESSABLE_ENTITY,
+                _ => StatusCode::BAD_REQUEST,
+            };
+            return error(status, format!("malformed plan: {e}"));
+        }
     };
+    // The plan's JSON (megabytes for a large node) is not needed while it is applied.
+    drop(body);
     match node.apply(plan).await {
         Ok(reply) => axum::Json(reply).into_response(),
         Err(e @ ApplyError::WrongNode { .. }) => error(StatusCode::CONFLICT, e.to_string()),
@@ -165,7 +173,15 @@ async fn put_plan(State(node): State<Arc<Node>>, plan: Result<axum::Json<RawNode
 }
 
 async fn get_observed(State(node): State<Arc<Node>>) -> Response {
-    axum::Json(node.observe().await).into_response()
+    let observed = node.observe().await;
+    // Written out here so that the observed state (as large as its JSON) is freed before the reply is sent.
+    let json = match serde_json::to_vec(&observed) {
+        Ok(json) => json,
+        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, format!("writing the observed state: {e}")),
+    };
+    drop(observed);
+    crate::node::release_freed_memory();
+    ([(axum::http::header::CONTENT_TYPE, "application/json")], json).into_response()
 }
 
 async fn get_capabilities(State(node): State<Arc<Node>>) -> Response {

@@ -97,13 +97,19 @@ fn has_isthmus_root(ns: &Ns) -> bool {
     ns.qdiscs("eth0").lines().any(|l| l.contains("htb") && l.contains("root"))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn agent_apply_change_gc_shutdown_adopt_and_cleanup() {
-    let work = TempDir::new("isth-apply-");
+/// A temporary directory with `netns/` (the agent's only namespace source) and an empty `proc/`.
+fn work_dirs(prefix: &str) -> (TempDir, std::path::PathBuf, std::path::PathBuf) {
+    let work = TempDir::new(prefix);
     let pinned = work.path().join("netns");
     let proc_dir = work.path().join("proc");
     std::fs::create_dir_all(&pinned).unwrap();
     std::fs::create_dir_all(&proc_dir).unwrap();
+    (work, pinned, proc_dir)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_apply_change_gc_shutdown_adopt_and_cleanup() {
+    let (work, pinned, proc_dir) = work_dirs("isth-apply-");
     let t = topology(&pinned);
     let certs = TestCerts::new();
     let options = AgentOptions {
@@ -294,4 +300,112 @@ async fn client_apply_with_fresh_agent(options: &AgentOptions<'_>, certs: &TestC
     let agent = Agent::start(options);
     let reply = certs.operator().apply(agent.api, plan).await.unwrap();
     assert!(reply.pods.iter().all(|r| r.outcome == PodOutcome::Applied), "{reply:?}");
+}
+
+/// The value of one sample (`name{labels} value`) in the agent's /metrics text.
+fn metric(agent: &Agent, sample: &str) -> f64 {
+    let (_, text) = http_get(agent.health, "/metrics").unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(sample).and_then(|rest| rest.strip_prefix(' ')))
+        .map(|v| v.trim().parse().unwrap())
+        .unwrap_or(0.0)
+}
+
+/// `(parent, handle)` of every TBF on the interface, from `tc qdisc show`.
+fn tbfs(ns: &Ns) -> Vec<(String, String)> {
+    ns.qdiscs("eth0")
+        .lines()
+        .filter(|l| l.starts_with("qdisc tbf "))
+        .map(|l| {
+            let words: Vec<&str> = l.split_whitespace().collect();
+            let parent = words.iter().position(|w| *w == "parent").map(|i| words[i + 1]).unwrap();
+            (parent.to_owned(), words[2].to_owned())
+        })
+        .collect()
+}
+
+/// A pod namespace (pinned for the agent) with eth0 towards a peer namespace of its own.
+fn sandbox(pinned: &std::path::Path, pod_ip: IpAddr, peer_ip: IpAddr) -> (Ns, Ns) {
+    let pod = Ns::new_pinned("isth-ar-pod-", pinned);
+    let peer = Ns::new("isth-ar-peer-");
+    veth(&pod, "eth0", pod_ip, &peer, "eth0", peer_ip);
+    (pod, peer)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_apply_reuses_the_pods_connection_follows_a_new_sandbox_and_resync_repairs_drift() {
+    let (work, pinned, proc_dir) = work_dirs("isth-reuse-");
+    let k = (std::process::id() % 200 + 20) as u8;
+    let pod_ip = addr(&format!("10.229.{k}.2"));
+    let peer_ip = addr(&format!("10.229.{k}.1"));
+    let (dst1, dst2) = (addr("10.228.0.1"), addr("10.228.0.2"));
+    let certs = TestCerts::new();
+    let mut options = AgentOptions {
+        node: NODE,
+        tls_dir: &certs.agent_dir(),
+        proc: &proc_dir,
+        netns_dir: &pinned,
+        log_dir: work.path(),
+        // No periodic resync until the last part of the test.
+        extra_env: vec![("ISTHMUS_RESYNC_SECONDS", "0".into())],
+    };
+    let (sandbox1, peer1) = sandbox(&pinned, pod_ip, peer_ip);
+    let agent = Agent::start(&options);
+    let client = certs.operator();
+    let plan = |version| NodePlan {
+        node: NODE.into(),
+        version,
+        pods: vec![pod("uid-r", "r", &[pod_ip], vec![(dst1, rate(20_000_000)), (dst2, rate(30_000_000))])],
+    };
+    let opened = |agent: &Agent| metric(agent, "isthmus_agent_datapath_connections_opened_total");
+    let record_path = |agent: &Agent| metric(agent, "isthmus_agent_reconciles_total{path=\"record\"}");
+
+    // A fresh install, then the same plan: nothing sent, on the same connection. (A fresh install leaves no
+    // record, since the kernel picked some filter handles, so the second call reads the tree back once.)
+    let first = client.apply(agent.api, &plan(1)).await.unwrap();
+    assert_eq!(outcome(&first.pods, "uid-r"), &PodOutcome::Applied, "{first:?}");
+    assert!(first.pods[0].mutations > 0);
+    assert_eq!(tbfs(&sandbox1).len(), 2);
+    let same = client.apply(agent.api, &plan(2)).await.unwrap();
+    assert_eq!(same.pods[0].mutations, 0, "{same:?}");
+    assert_eq!(opened(&agent), 1.0, "one connection for the pod across plans");
+    assert_eq!(record_path(&agent), 2.0);
+
+    // A TBF removed behind the agent's back: a plan applied from the record trusts it (no dump), so the same
+    // plan again sends nothing and the drift stays — which shows that the record, not a dump, was used.
+    let (parent, handle) = tbfs(&sandbox1)[0].clone();
+    sandbox1.tc(&["qdisc", "del", "dev", "eth0", "parent", &parent, "handle", &handle]);
+    assert_eq!(tbfs(&sandbox1).len(), 1);
+    let trusted = client.apply(agent.api, &plan(3)).await.unwrap();
+    assert_eq!(trusted.pods[0].mutations, 0, "{trusted:?}");
+    assert_eq!(tbfs(&sandbox1).len(), 1);
+    assert_eq!(opened(&agent), 1.0);
+
+    // The pod's sandbox is replaced (new namespace, same IP): the new one gets the whole tree on a new
+    // connection.
+    drop(sandbox1);
+    drop(peer1);
+    let (sandbox2, _peer2) = sandbox(&pinned, pod_ip, peer_ip);
+    assert!(!has_isthmus_root(&sandbox2));
+    let moved = client.apply(agent.api, &plan(4)).await.unwrap();
+    assert_eq!(outcome(&moved.pods, "uid-r"), &PodOutcome::Applied, "{moved:?}");
+    assert!(moved.pods[0].mutations > 0, "{moved:?}");
+    assert_eq!(tbfs(&sandbox2).len(), 2);
+    assert_eq!(opened(&agent), 2.0, "a new connection for the new sandbox");
+    drop(agent);
+
+    // With the periodic resync on, the same drift is found and repaired without any new plan.
+    options.extra_env = vec![("ISTHMUS_RESYNC_SECONDS", "1".into())];
+    let agent = Agent::start(&options);
+    let adopted = client.apply(agent.api, &plan(5)).await.unwrap();
+    assert_eq!(adopted.pods[0].mutations, 0, "the restarted agent adopts the tree as it is: {adopted:?}");
+    let (parent, handle) = tbfs(&sandbox2)[1].clone();
+    sandbox2.tc(&["qdisc", "del", "dev", "eth0", "parent", &parent, "handle", &handle]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while tbfs(&sandbox2).len() < 2 {
+        assert!(std::time::Instant::now() < deadline, "the resync did not repair the tree: {}", agent.log_text());
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(metric(&agent, "isthmus_agent_resync_mutations_total") >= 1.0);
+    assert!(agent.log_text().contains("resync repaired a tree changed behind isthmus's back"));
 }

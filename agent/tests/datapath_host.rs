@@ -10,16 +10,12 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use isthmus_agent::datapath::{DatapathError, DesiredState};
 use isthmus_agent_api::{Impairment, PodErrorKind};
+use support::goodput::TCP_PAYLOAD_SHARE;
 use support::{Pair, net, tc};
 
 fn rate(bits_per_sec: u64) -> Impairment {
     Impairment { rate_bps: Some(bits_per_sec), ..Default::default() }
 }
-
-/// TCP payload per Ethernet frame that TBF counts (qdisc_pkt_len: 14 Ethernet + 20 IPv4 + 32 TCP with
-/// timestamps + 1448 payload = 1514 bytes; GSO packets are counted per segment): the share of a shaped rate
-/// that TCP goodput can reach. 10 Mbit/s on the wire is 9.56 Mbit/s of payload.
-const TCP_PAYLOAD_SHARE: f64 = 1448.0 / 1514.0;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_10_mbit_destination_gets_10_mbit_and_another_destination_is_unaffected() {

@@ -6,9 +6,11 @@
 //! - [`tree`]: desired state (destinations → impairments) → the set of objects, with stable handles.
 //! - [`diff`]: installed objects vs desired objects → the minimal ordered list of operations.
 //! - `netlink`: model objects ⇄ rtnetlink messages (hand-encoded htb, tbf, netem), extended acks.
+//! - `batch`: mutations packed many to a `sendmsg` (as `tc -batch` does), refusals matched by sequence number.
 //! - `reconcile`: the thin shell — dump, diff, send (`Datapath::reconcile`), or diff against the record of the
 //!   last call and send (`Datapath::update`) — over a netlink socket opened inside the namespace.
 
+mod batch;
 pub mod diff;
 pub mod error;
 pub mod handles;

@@ -21,6 +21,8 @@ const RECEIVE_BUFFER_BYTES: usize = 8 << 20;
 /// A socket opened inside a namespace, with that namespace's identity for error messages.
 pub(crate) struct NamespacedSocket {
     pub socket: TokioSocket,
+    /// A second, blocking socket in the same namespace for mutation batches (see `batch`).
+    pub batch: Socket,
     /// `net:[inode]`, as /proc shows namespace links.
     pub netns: String,
 }
@@ -33,6 +35,47 @@ fn thread_netns_inode() -> std::io::Result<u64> {
     Ok(std::fs::metadata("/proc/thread-self/ns/net")?.ino())
 }
 
+/// The two sockets of a `Datapath`: (asynchronous for rtnetlink, blocking for mutation batches).
+fn route_sockets(netns: &str) -> Result<(Socket, Socket), DatapathError> {
+    let connection = route_socket(netns)?;
+    connection.set_non_blocking(true).map_err(|source| DatapathError::Namespace {
+        netns: netns.to_owned(),
+        action: "set non-blocking",
+        source,
+    })?;
+    let batch = route_socket(netns)?;
+    set_receive_timeout(&batch, BATCH_REPLY_TIMEOUT).map_err(|source| DatapathError::Namespace {
+        netns: netns.to_owned(),
+        action: "set receive timeout",
+        source,
+    })?;
+    Ok((connection, batch))
+}
+
+/// How long a batch waits for the kernel's replies. They are queued before `sendmsg` returns, so this only
+/// bounds the wait should one be lost (the socket then reports ENOBUFS or the wait ends with EAGAIN).
+const BATCH_REPLY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+fn set_receive_timeout(socket: &Socket, timeout: std::time::Duration) -> std::io::Result<()> {
+    let value = libc::timeval { tv_sec: timeout.as_secs() as libc::time_t, tv_usec: 0 };
+    set_socket_option(socket, libc::SO_RCVTIMEO, &value)
+}
+
+/// `setsockopt(SOL_SOCKET, option, value)` on a socket we own.
+fn set_socket_option<T>(socket: &Socket, option: libc::c_int, value: &T) -> std::io::Result<()> {
+    // SAFETY: `value` is a live `T` and the size passed is its size.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            option,
+            (value as *const T).cast(),
+            std::mem::size_of::<T>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) }
+}
+
 fn route_socket(netns: &str) -> Result<Socket, DatapathError> {
     let err = |action| move |source| DatapathError::Namespace { netns: netns.to_owned(), action, source };
     let mut socket = Socket::new(NETLINK_ROUTE).map_err(err("create netlink socket"))?;
@@ -42,24 +85,13 @@ fn route_socket(netns: &str) -> Result<Socket, DatapathError> {
     // Dumps filtered by the request's interface index instead of every interface's objects.
     socket.set_netlink_get_strict_chk(true).map_err(err("enable strict checking"))?;
     force_receive_buffer(&socket).map_err(err("size receive buffer"))?;
-    socket.set_non_blocking(true).map_err(err("set non-blocking"))?;
     Ok(socket)
 }
 
 fn force_receive_buffer(socket: &Socket) -> std::io::Result<()> {
     let size = RECEIVE_BUFFER_BYTES as libc::c_int;
     // SO_RCVBUFFORCE passes rmem_max for a privileged agent; fall back to what an unprivileged one may ask for.
-    // SAFETY: plain setsockopt on a socket we own, with a pointer to a live c_int and its size.
-    let rc = unsafe {
-        libc::setsockopt(
-            socket.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVBUFFORCE,
-            (&size as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if rc != 0 {
+    if set_socket_option(socket, libc::SO_RCVBUFFORCE, &size).is_err() {
         socket.set_rx_buf_sz(RECEIVE_BUFFER_BYTES)?;
     }
     Ok(())
@@ -95,10 +127,10 @@ pub(crate) async fn open_in(netns: BorrowedFd<'_>) -> Result<NamespacedSocket, D
                 std::io::Error::other(format!("thread is in {} after setns, expected {}", identity(now), id)),
             ));
         }
-        route_socket(&id)
+        route_sockets(&id)
     })
     .await?;
-    Ok(NamespacedSocket { socket: into_tokio(socket), netns: netns_id })
+    Ok(NamespacedSocket { socket: into_tokio(socket.0), batch: socket.1, netns: netns_id })
 }
 
 /// Opens a route socket in the caller's own namespace.
@@ -108,8 +140,8 @@ pub(crate) fn open_current() -> Result<NamespacedSocket, DatapathError> {
         action: "read /proc/thread-self/ns/net",
         source,
     })?;
-    let socket = route_socket(&netns)?;
-    Ok(NamespacedSocket { socket: into_tokio(socket), netns })
+    let (socket, batch) = route_sockets(&netns)?;
+    Ok(NamespacedSocket { socket: into_tokio(socket), batch, netns })
 }
 
 /// Opens a route socket in a brand-new, empty namespace that lives exactly as long as the socket (nothing else
@@ -119,10 +151,10 @@ pub(crate) async fn open_scratch() -> Result<NamespacedSocket, DatapathError> {
         let fail = |action, source| DatapathError::Namespace { netns: "scratch".into(), action, source };
         unshare(CloneFlags::CLONE_NEWNET).map_err(|e| fail("unshare", e.into()))?;
         let netns = thread_netns_inode().map(identity).map_err(|e| fail("read /proc/thread-self/ns/net", e))?;
-        Ok((route_socket(&netns)?, netns))
+        Ok((route_sockets(&netns)?, netns))
     })
     .await?;
-    Ok(NamespacedSocket { socket: into_tokio(socket), netns })
+    Ok(NamespacedSocket { socket: into_tokio(socket.0), batch: socket.1, netns })
 }
 
 /// Runs `f` on a new OS thread that ends afterwards, awaiting it without blocking the runtime.

@@ -25,7 +25,7 @@
 use std::collections::HashMap;
 use std::os::fd::BorrowedFd;
 
-use futures::{StreamExt, TryStreamExt, stream};
+use futures::{StreamExt, TryStreamExt};
 use ipnet::IpNet;
 use isthmus_agent_api::Counters;
 use netlink_packet_core::{NLM_F_DUMP, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload};
@@ -34,6 +34,7 @@ use netlink_packet_route::tc::{TcHandle, TcMessage};
 use tokio::sync::Mutex;
 use tracing::{debug, info};
 
+use super::batch::BatchSocket;
 use super::diff::{self, RootState};
 use super::error::{DatapathError, Place};
 use super::handles::{self, ROOT_QDISC};
@@ -42,13 +43,11 @@ use super::netlink::{self, KernelError};
 use super::netns::{self, NamespacedSocket};
 use super::tree::{self, DesiredState};
 
-/// Requests in flight at once: enough to keep the kernel busy, few enough that their acks always fit the
-/// socket's receive buffer.
-const PIPELINE_DEPTH: usize = 128;
-
 /// A netlink connection bound to one network namespace.
 pub struct Datapath {
     handle: rtnetlink::Handle,
+    /// Mutations go over a plain socket of their own, in batches; dumps and lookups over `handle`.
+    batch: std::sync::Mutex<BatchSocket>,
     netns: String,
     /// Per interface name, what isthmus last installed or verified there. Held for a whole reconcile or
     /// update, which serialises them.
@@ -97,7 +96,12 @@ impl Datapath {
         let (connection, handle, _) = rtnetlink::from_socket(socket.socket);
         // The connection task ends when the last handle (this Datapath) is dropped.
         tokio::spawn(connection);
-        Datapath { handle, netns: socket.netns, records: Mutex::new(HashMap::new()) }
+        Datapath {
+            handle,
+            batch: std::sync::Mutex::new(BatchSocket::new(socket.batch)),
+            netns: socket.netns,
+            records: Mutex::new(HashMap::new()),
+        }
     }
 
     /// The namespace this connection works in, as `net:[inode]`.
@@ -246,56 +250,17 @@ impl Datapath {
         })
     }
 
-    /// Sends `operations` in order, pipelined, and stops at the first refusal.
+    /// Sends `operations` in order, packed into batches (see `batch`), and stops at the first refusal, which
+    /// the error names (operation, kernel errno and extended-ack text).
     pub(crate) async fn send(
         &self,
         place: &Place,
         ifindex: u32,
         operations: Vec<Operation>,
     ) -> Result<(), DatapathError> {
-        let requests = operations
-            .iter()
-            .map(|op| {
-                netlink::encode(op, ifindex).map(|m| (op, m)).map_err(|e| DatapathError::Protocol {
-                    place: place.clone(),
-                    message: format!("{}: {e}", describe(op)),
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let results = stream::iter(requests)
-            .map(|(op, message)| {
-                let mut handle = self.handle.clone();
-                async move {
-                    let replies = handle.request(message).map_err(|e| (op, None, e.to_string()))?;
-                    let replies: Vec<_> = replies.collect().await;
-                    for reply in replies {
-                        if let Some(error) = KernelError::from_netlink_message(&reply) {
-                            return Err((op, Some(error), String::new()));
-                        }
-                    }
-                    Ok(())
-                }
-            })
-            .buffered(PIPELINE_DEPTH);
-        futures::pin_mut!(results);
-        while let Some(result) = results.next().await {
-            if let Err((op, error, transport)) = result {
-                return Err(match error {
-                    Some(e) => DatapathError::from_kernel(
-                        place.clone(),
-                        describe(op),
-                        Some(object_kind(op)),
-                        e.code,
-                        e.message.unwrap_or_default(),
-                    ),
-                    None => DatapathError::Protocol {
-                        place: place.clone(),
-                        message: format!("{}: {transport}", describe(op)),
-                    },
-                });
-            }
-        }
-        Ok(())
+        // The kernel processes a batch inside `sendmsg`; nothing here waits for anything but the kernel.
+        let mut socket = self.batch.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        socket.send(place, ifindex, &operations)
     }
 
     /// The interface's index, looked up over this namespace's socket (not the caller's namespace).
@@ -427,7 +392,7 @@ fn decode_error(place: &Place, e: netlink::DecodeError) -> DatapathError {
     DatapathError::Protocol { place: place.clone(), message: format!("cannot read the installed tree: {e}") }
 }
 
-fn object_kind(op: &Operation) -> &str {
+pub(crate) fn object_kind(op: &Operation) -> &str {
     let object = match op {
         Operation::Add(o) | Operation::Change(o) | Operation::Delete(o) => o,
     };

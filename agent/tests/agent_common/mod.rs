@@ -121,7 +121,8 @@ impl Ns {
 impl Drop for Ns {
     fn drop(&mut self) {
         if let Some(pinned) = &self.pinned {
-            let _ = Command::new("umount").arg(pinned).status();
+            // Lazily: an agent under test may still hold the namespace open through this path.
+            let _ = Command::new("umount").arg("--lazy").arg(pinned).status();
             let _ = std::fs::remove_file(pinned);
         }
         let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
@@ -241,6 +242,12 @@ pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
+/// The agent binary under test: this build's, or `ISTHMUS_AGENT_BINARY` (e.g. the static release binary that
+/// the images ship, for the benchmark).
+pub fn agent_binary() -> std::ffi::OsString {
+    std::env::var_os("ISTHMUS_AGENT_BINARY").unwrap_or_else(|| env!("CARGO_BIN_EXE_isthmus-agent").into())
+}
+
 /// The agent binary running as a child process on loopback.
 pub struct Agent {
     pub child: Child,
@@ -272,17 +279,14 @@ impl Agent {
         let log = options.log_dir.join(unique("agent-log-"));
         let log_file = std::fs::File::create(&log).unwrap();
         let mut cmd = match keep {
-            None => Command::new(env!("CARGO_BIN_EXE_isthmus-agent")),
+            None => Command::new(agent_binary()),
             Some(keep) => {
                 let drop: Vec<String> =
                     all_capabilities().into_iter().filter(|c| !keep.contains(&c.as_str())).collect();
                 let mut cmd = Command::new("capsh");
-                cmd.arg(format!("--drop={}", drop.join(","))).args([
-                    "--",
-                    "-c",
-                    "exec \"$0\" \"$@\"",
-                    env!("CARGO_BIN_EXE_isthmus-agent"),
-                ]);
+                cmd.arg(format!("--drop={}", drop.join(",")))
+                    .args(["--", "-c", "exec \"$0\" \"$@\""])
+                    .arg(agent_binary());
                 cmd
             }
         };
@@ -351,6 +355,12 @@ impl Agent {
                 .unwrap_or(0)
         };
         (field("VmRSS:"), field("VmHWM:"))
+    }
+
+    /// Resets the agent's VmHWM to its current resident size (`clear_refs` value 5), so that the next reading
+    /// is the peak of what happened in between.
+    pub fn reset_peak_rss(&self) {
+        std::fs::write(format!("/proc/{}/clear_refs", self.child.id()), "5").unwrap();
     }
 }
 

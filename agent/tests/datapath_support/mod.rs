@@ -13,6 +13,9 @@ use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
 use isthmus_agent::datapath::Datapath;
+
+#[path = "../goodput/mod.rs"]
+pub mod goodput;
 use nix::sched::{CloneFlags, setns};
 
 pub fn net(s: &str) -> IpNet {
@@ -88,57 +91,12 @@ impl Pair {
         Datapath::open(file.as_fd()).await.unwrap()
     }
 
-    /// TCP goodput from `a` to `dst` in bit/s: a bulk transfer of about 3 s, measured at the receiver between
-    /// 0.5 s and 2.9 s after the first byte, so neither slow start nor the end of the transfer counts.
+    /// Steady-state TCP goodput from `a` to `dst` in bit/s: see [`goodput::steady_goodput_bps`].
     pub fn tcp_goodput_bps(&self, dst: IpAddr, port: u16) -> f64 {
         let listener = in_netns(&self.b, || TcpListener::bind((dst, port))).unwrap();
         let sender =
             in_netns(&self.a, || TcpStream::connect_timeout(&(dst, port).into(), Duration::from_secs(2))).unwrap();
-        let (mut receiver, _) = listener.accept().unwrap();
-        receiver.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
-        sender.set_write_timeout(Some(Duration::from_millis(200))).unwrap();
-        let transfer = Duration::from_secs(3);
-        let writer = std::thread::spawn(move || {
-            let mut sender = sender;
-            let chunk = vec![0x5a_u8; 64 * 1024];
-            let start = Instant::now();
-            while start.elapsed() < transfer {
-                match sender.write(&chunk) {
-                    Ok(_) => {}
-                    Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
-                    Err(_) => break,
-                }
-            }
-        });
-        let mut buf = vec![0u8; 1 << 20];
-        let mut total = 0u64;
-        let mut first: Option<Instant> = None;
-        let (mut mark, mut last) = (None, None);
-        let deadline = Instant::now() + transfer + Duration::from_secs(2);
-        while Instant::now() < deadline {
-            let n = match receiver.read(&mut buf) {
-                Ok(0) => break,
-                Ok(n) => n as u64,
-                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => continue,
-                Err(e) => panic!("receive: {e}"),
-            };
-            let now = Instant::now();
-            let start = *first.get_or_insert(now);
-            let elapsed = now - start;
-            if elapsed >= Duration::from_millis(500) && mark.is_none() {
-                mark = Some((now, total));
-            }
-            total += n;
-            if elapsed <= Duration::from_millis(2900) {
-                last = Some((now, total));
-            } else {
-                break;
-            }
-        }
-        drop(receiver);
-        writer.join().unwrap();
-        let ((t0, b0), (t1, b1)) = (mark.expect("no data after 0.5 s"), last.expect("no data"));
-        (b1 - b0) as f64 * 8.0 / (t1 - t0).as_secs_f64()
+        goodput::steady_goodput_bps(listener, sender)
     }
 
     /// TCP goodput from `a` to `dst` in bit/s for a transfer of exactly `bytes`, timed at the sender from the

@@ -50,10 +50,12 @@ pub fn steady_goodput_bps(listener: TcpListener, sender: TcpStream) -> f64 {
         };
         let now = Instant::now();
         let elapsed = now - *first.get_or_insert(now);
+        total += n;
+        // The read that crosses the window's start may carry bytes that piled up during a reader stall before
+        // it: they belong before the mark.
         if elapsed >= WINDOW_START && mark.is_none() {
             mark = Some((now, total));
         }
-        total += n;
         if elapsed > WINDOW_END {
             break;
         }
