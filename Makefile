@@ -87,5 +87,9 @@ fuzz: ## cargo-fuzz the operator's unit and spec parsers, FUZZ_SECONDS (default 
 e2e: ## cluster up (ISTHMUS_E2E_REUSE=1: a running one), images, helm install, then cargo test -p isthmus-e2e (measured in pods)
 	e2e/suite/run
 
+.PHONY: bench-cluster
+bench-cluster: ## issue 7 benchmark on a real 2-node cluster, 20 pods: apply → Ready and replacement pod Ready → impaired (table; docs/benchmarks.md)
+	ISTHMUS_E2E_BENCH=1 e2e/suite/run
+
 demo: ## cluster up, images, isthmus, examples/three-regions.yaml, then a table of configured vs measured per pair; leaves the cluster up
 	e2e/demo
