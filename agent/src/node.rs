@@ -396,13 +396,15 @@ impl Node {
     ) -> Result<usize, DatapathError> {
         self.metrics.count_reconcile(path.label());
         let report = match path {
-            ReconcilePath::Full => datapath.reconcile(interface, desired).await?,
-            ReconcilePath::Record => datapath.update(interface, desired).await?,
+            ReconcilePath::Full => datapath.reconcile(interface, desired).await,
+            ReconcilePath::Record => datapath.update(interface, desired).await,
         };
-        Ok(report.mutations)
+        // The record stays; the sockets (and their buffers) are opened again by the pod's next call.
+        datapath.release_connection();
+        Ok(report?.mutations)
     }
 
-    /// Opens a connection in `netns`, counted.
+    /// Opens a `Datapath` (its connection and, across plans, its record) in `netns`, counted.
     async fn open_datapath(&self, netns: &Netns) -> Result<Datapath, DatapathError> {
         self.metrics.datapath_connections_opened.inc();
         Datapath::open(netns.fd()).await
@@ -810,7 +812,9 @@ async fn observe_with(
     netns: &Netns,
     interface: &str,
 ) -> Vec<(IpNet, isthmus_agent_api::Counters)> {
-    match datapath.observe(interface).await {
+    let observed = datapath.observe(interface).await;
+    datapath.release_connection();
+    match observed {
         Ok(Some(counters)) => counters,
         Ok(None) => Vec::new(),
         Err(e) => {

@@ -380,3 +380,40 @@ async fn a_replaced_interface_drops_the_record() {
     assert_eq!(again.added, install.added, "the record of the old interface must not be trusted: {again:?}");
     assert_eq!(datapath.installed("va").await.unwrap(), Some(desired));
 }
+
+/// A released connection closes its sockets and keeps the record: the next `update` opens them again in the same
+/// namespace and is served from the record (drift it does not touch stays unseen, as without a release), and a
+/// full `reconcile` still repairs that drift.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_connection_reopens_in_its_namespace_and_keeps_the_record() {
+    let pair = Pair::new("release");
+    let datapath = pair.datapath().await;
+    let desired = |second: u64| {
+        DesiredState::new([(net("10.77.0.2/32"), rate(10_000_000)), (net("10.77.0.3/32"), rate(second))]).unwrap()
+    };
+    datapath.reconcile("va", &desired(20_000_000)).await.unwrap();
+    datapath.reconcile("va", &desired(20_000_000)).await.unwrap(); // the record now holds the kernel's u32 handles
+    assert!(datapath.release_connection(), "an open connection is closed");
+    assert!(!datapath.release_connection(), "nothing left to close");
+
+    // Behind isthmus's back: the 10 Mbit/s destination loses its TBF.
+    let qdiscs = tc(&pair.a, &["qdisc", "show", "dev", "va"]);
+    let parent = qdiscs
+        .lines()
+        .find(|l| l.contains("tbf") && l.contains("rate 10Mbit"))
+        .and_then(|l| l.split_whitespace().skip_while(|w| *w != "parent").nth(1))
+        .unwrap_or_else(|| panic!("no 10 Mbit/s TBF: {qdiscs}"))
+        .to_owned();
+    tc(&pair.a, &["qdisc", "del", "dev", "va", "parent", &parent]);
+
+    let changed = datapath.update("va", &desired(40_000_000)).await.unwrap();
+    assert_eq!(changed.mutations, 1, "one TBF changed, from the record: {changed:?}");
+    let qdiscs = tc(&pair.a, &["qdisc", "show", "dev", "va"]);
+    assert!(qdiscs.contains("rate 40Mbit"), "the change landed in the pair's namespace: {qdiscs}");
+    assert!(!qdiscs.contains("rate 10Mbit"), "the record was trusted, so the untouched drift stays: {qdiscs}");
+
+    datapath.release_connection();
+    let repaired = datapath.reconcile("va", &desired(40_000_000)).await.unwrap();
+    assert_eq!(repaired.added, 1, "the full path sees and repairs the drift: {repaired:?}");
+    assert!(tc(&pair.a, &["qdisc", "show", "dev", "va"]).contains("rate 10Mbit"));
+}

@@ -21,9 +21,13 @@
 //! entry added by node id into a new filter priority's generated table, as on a fresh install); the next
 //! `update` is then a full one, which reads it. Calls on one `Datapath` are serialised, so the record always
 //! describes the last call. The record lives as long as the `Datapath`: to benefit, keep one per namespace.
+//! Its sockets need not: [`Datapath::release_connection`] closes them between calls (an agent keeps one
+//! `Datapath` per pod, and idle sockets would cost each pod its buffers), and the next call opens them again in
+//! the same namespace, held by file descriptor.
 
 use std::collections::HashMap;
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
 use ipnet::IpNet;
@@ -45,13 +49,30 @@ use super::tree::{self, DesiredState};
 
 /// A netlink connection bound to one network namespace.
 pub struct Datapath {
-    handle: rtnetlink::Handle,
-    /// Mutations go over a plain socket of their own, in batches; dumps and lookups over `handle`.
-    batch: std::sync::Mutex<BatchSocket>,
+    /// The namespace, held so that a released connection can be opened again; `None` for a scratch namespace,
+    /// which lives only as long as its sockets (its connection is never released).
+    namespace: Option<OwnedFd>,
+    connection: Mutex<Option<Arc<Connection>>>,
     netns: String,
     /// Per interface name, what isthmus last installed or verified there. Held for a whole reconcile or
     /// update, which serialises them.
     records: Mutex<HashMap<String, Record>>,
+}
+
+/// The sockets of a [`Datapath`], opened inside its namespace.
+struct Connection {
+    handle: rtnetlink::Handle,
+    /// Mutations go over a plain socket of their own, in batches; dumps and lookups over `handle`.
+    batch: std::sync::Mutex<BatchSocket>,
+}
+
+impl Connection {
+    fn start(socket: NamespacedSocket) -> Connection {
+        let (connection, handle, _) = rtnetlink::from_socket(socket.socket);
+        // The connection task ends when the last handle (this Connection) is dropped.
+        tokio::spawn(connection);
+        Connection { handle, batch: std::sync::Mutex::new(BatchSocket::new(socket.batch)) }
+    }
 }
 
 /// The objects isthmus owns on one interface, as a dump would show them, after the last successful call.
@@ -79,29 +100,60 @@ struct Dump {
 impl Datapath {
     /// Opens a connection inside the namespace `netns` refers to (from a short-lived thread; see `netns`).
     pub async fn open(netns: BorrowedFd<'_>) -> Result<Datapath, DatapathError> {
-        Ok(Self::start(netns::open_in(netns).await?))
+        let held = netns.try_clone_to_owned().map_err(|source| DatapathError::Namespace {
+            netns: "-".into(),
+            action: "duplicate the namespace descriptor",
+            source,
+        })?;
+        let socket = netns::open_in(netns).await?;
+        Ok(Self::start(socket, Some(held)))
     }
 
     /// Opens a connection in the caller's own namespace.
     pub async fn open_current() -> Result<Datapath, DatapathError> {
-        Ok(Self::start(netns::open_current()?))
+        let held = std::fs::File::open("/proc/thread-self/ns/net").map_err(|source| DatapathError::Namespace {
+            netns: "self".into(),
+            action: "open /proc/thread-self/ns/net",
+            source,
+        })?;
+        Ok(Self::start(netns::open_current()?, Some(held.into())))
     }
 
     /// A connection in a fresh, empty namespace that disappears when the `Datapath` is dropped.
     pub(crate) async fn open_scratch() -> Result<Datapath, DatapathError> {
-        Ok(Self::start(netns::open_scratch().await?))
+        Ok(Self::start(netns::open_scratch().await?, None))
     }
 
-    fn start(socket: NamespacedSocket) -> Datapath {
-        let (connection, handle, _) = rtnetlink::from_socket(socket.socket);
-        // The connection task ends when the last handle (this Datapath) is dropped.
-        tokio::spawn(connection);
+    fn start(socket: NamespacedSocket, namespace: Option<OwnedFd>) -> Datapath {
+        let netns = socket.netns.clone();
         Datapath {
-            handle,
-            batch: std::sync::Mutex::new(BatchSocket::new(socket.batch)),
-            netns: socket.netns,
+            namespace,
+            connection: Mutex::new(Some(Arc::new(Connection::start(socket)))),
+            netns,
             records: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Closes the sockets until the next call, keeping the records; calls in progress keep theirs. Returns
+    /// whether anything was closed (not when a call is opening one right now, nor for a scratch namespace).
+    pub fn release_connection(&self) -> bool {
+        if self.namespace.is_none() {
+            return false;
+        }
+        self.connection.try_lock().is_ok_and(|mut connection| connection.take().is_some())
+    }
+
+    /// The open connection, or a new one in the held namespace.
+    async fn connection(&self) -> Result<Arc<Connection>, DatapathError> {
+        let mut slot = self.connection.lock().await;
+        if let Some(connection) = slot.as_ref() {
+            return Ok(connection.clone());
+        }
+        let namespace = self.namespace.as_ref().expect("only a Datapath holding its namespace releases its connection");
+        let socket = netns::open_in(namespace.as_fd()).await?;
+        let connection = Arc::new(Connection::start(socket));
+        *slot = Some(connection.clone());
+        Ok(connection)
     }
 
     /// The namespace this connection works in, as `net:[inode]`.
@@ -259,14 +311,16 @@ impl Datapath {
         operations: Vec<Operation>,
     ) -> Result<(), DatapathError> {
         // The kernel processes a batch inside `sendmsg`; nothing here waits for anything but the kernel.
-        let mut socket = self.batch.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let connection = self.connection().await?;
+        let mut socket = connection.batch.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         socket.send(place, ifindex, &operations)
     }
 
     /// The interface's index, looked up over this namespace's socket (not the caller's namespace).
     pub(crate) async fn ifindex(&self, interface: &str) -> Result<u32, DatapathError> {
         let place = self.place(interface);
-        let mut links = self.handle.link().get().match_name(interface.to_owned()).execute();
+        let connection = self.connection().await?;
+        let mut links = connection.handle.link().get().match_name(interface.to_owned()).execute();
         match links.try_next().await {
             Ok(Some(link)) => Ok(link.header.index),
             Ok(None) => Err(DatapathError::InterfaceNotFound { place }),
@@ -328,7 +382,7 @@ impl Datapath {
         header.flags = NLM_F_REQUEST | NLM_F_DUMP;
         let mut message = NetlinkMessage::new(header, NetlinkPayload::InnerMessage(payload));
         message.finalize();
-        let mut handle = self.handle.clone();
+        let mut handle = self.connection().await?.handle.clone();
         let replies = handle
             .request(message)
             .map_err(|e| DatapathError::Protocol { place: place.clone(), message: format!("dump {kind:?}: {e}") })?;
