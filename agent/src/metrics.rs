@@ -163,7 +163,7 @@ impl Metrics {
         let datapath_connections_opened = Counter::default();
         registry.register(
             "isthmus_agent_datapath_connections_opened",
-            "Netlink connections opened inside pod network namespaces (one per pod and sandbox, kept across plans)",
+            "Datapaths opened for pod network namespaces: one per pod and sandbox, kept across plans with its record (its netlink sockets are closed between calls)",
             datapath_connections_opened.clone(),
         );
         let resync_mutations = Counter::default();
