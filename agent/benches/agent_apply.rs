@@ -10,7 +10,7 @@ mod agent_common;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use agent_common::{Agent, AgentOptions, Fleet, TempDir, TestCerts};
+use agent_common::{Agent, AgentOptions, Fleet, TestCerts};
 use ipnet::IpNet;
 use isthmus_agent_api::{DestinationPlan, Direction, Impairment, LinkRef, NodePlan, PodOutcome, PodPlan};
 
@@ -57,11 +57,7 @@ async fn main() {
         return;
     }
     let rounds: usize = std::env::var("ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
-    let work = TempDir::new("isth-bench-");
-    let pinned = work.path().join("netns");
-    let proc_dir = work.path().join("proc");
-    std::fs::create_dir_all(&pinned).unwrap();
-    std::fs::create_dir_all(&proc_dir).unwrap();
+    let (work, pinned, proc_dir) = agent_common::agent_dirs("isth-bench-");
     let setup = Instant::now();
     let fleet = Fleet::new("isth-ab-", PODS, &pinned, [10, 244]);
     eprintln!("{PODS} namespaces with veths created in {:.1} s", setup.elapsed().as_secs_f64());

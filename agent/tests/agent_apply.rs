@@ -8,7 +8,7 @@ use std::net::IpAddr;
 use std::process::Command;
 
 use agent_common::goodput::assert_shaped;
-use agent_common::{Agent, AgentOptions, Ns, TempDir, TestCerts, http_get, ip, veth};
+use agent_common::{Agent, AgentOptions, Ns, TestCerts, http_get, ip, veth};
 use isthmus_agent_api::client::ClientError;
 use isthmus_agent_api::{
     DestinationPlan, Direction, Impairment, LinkRef, NodePlan, PodErrorKind, PodOutcome, PodPlan, PodResult,
@@ -98,18 +98,9 @@ fn has_isthmus_root(ns: &Ns) -> bool {
 }
 
 /// A temporary directory with `netns/` (the agent's only namespace source) and an empty `proc/`.
-fn work_dirs(prefix: &str) -> (TempDir, std::path::PathBuf, std::path::PathBuf) {
-    let work = TempDir::new(prefix);
-    let pinned = work.path().join("netns");
-    let proc_dir = work.path().join("proc");
-    std::fs::create_dir_all(&pinned).unwrap();
-    std::fs::create_dir_all(&proc_dir).unwrap();
-    (work, pinned, proc_dir)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_apply_change_gc_shutdown_adopt_and_cleanup() {
-    let (work, pinned, proc_dir) = work_dirs("isth-apply-");
+    let (work, pinned, proc_dir) = agent_common::agent_dirs("isth-apply-");
     let t = topology(&pinned);
     let certs = TestCerts::new();
     let options = AgentOptions {
@@ -334,7 +325,7 @@ fn sandbox(pinned: &std::path::Path, pod_ip: IpAddr, peer_ip: IpAddr) -> (Ns, Ns
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_apply_reuses_the_pods_connection_follows_a_new_sandbox_and_resync_repairs_drift() {
-    let (work, pinned, proc_dir) = work_dirs("isth-reuse-");
+    let (work, pinned, proc_dir) = agent_common::agent_dirs("isth-reuse-");
     let k = (std::process::id() % 200 + 20) as u8;
     let pod_ip = addr(&format!("10.229.{k}.2"));
     let peer_ip = addr(&format!("10.229.{k}.1"));

@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use agent_common::{Agent, AgentOptions, Fleet, TempDir, TestCerts, count_tc};
+use agent_common::{Agent, AgentOptions, Fleet, TestCerts, count_tc};
 use ipnet::IpNet;
 use isthmus_agent_api::{DestinationPlan, Direction, Impairment, LinkRef, NodePlan, PodOutcome, PodPlan};
 
@@ -46,11 +46,7 @@ fn plan(fleet: &Fleet, version: u64, pods: usize, shift: usize, rate_base: u64) 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_crash_kill9_mid_apply_then_converge() {
-    let work = TempDir::new("isth-crash-");
-    let pinned = work.path().join("netns");
-    let proc_dir = work.path().join("proc");
-    std::fs::create_dir_all(&pinned).unwrap();
-    std::fs::create_dir_all(&proc_dir).unwrap();
+    let (work, pinned, proc_dir) = agent_common::agent_dirs("isth-crash-");
     let fleet = Fleet::new("isth-ac-", PODS, &pinned, [10, 242]);
     let certs = TestCerts::new();
     let options = AgentOptions {

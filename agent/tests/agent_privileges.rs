@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use agent_common::{Agent, AgentOptions, Ns, TempDir, TestCerts, effective_caps, ip, unique, veth};
+use agent_common::{Agent, AgentOptions, Ns, TestCerts, effective_caps, ip, unique, veth};
 use isthmus_agent_api::{
     DestinationPlan, Direction, Impairment, LinkRef, NodePlan, PodErrorKind, PodOutcome, PodPlan, PodResult,
 };
@@ -48,11 +48,7 @@ impl Drop for KillOnDrop {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_privileges_net_admin_sys_admin_sys_ptrace_suffice_and_each_is_needed() {
     let k = (std::process::id() % 200 + 20) as u8;
-    let work = TempDir::new("isth-priv-");
-    let pinned = work.path().join("netns");
-    let proc_dir = work.path().join("proc");
-    std::fs::create_dir_all(&pinned).unwrap();
-    std::fs::create_dir_all(&proc_dir).unwrap();
+    let (work, pinned, proc_dir) = agent_common::agent_dirs("isth-priv-");
 
     // A pinned sandbox (like containerd's CRI netns mounts).
     let pinned_pod = Ns::new_pinned("isth-ap-pin-", &pinned);

@@ -59,6 +59,17 @@ impl Drop for TempDir {
     }
 }
 
+/// A temporary directory for one agent under test, with its `netns` (pinned namespaces the agent may see) and
+/// `proc` (the processes it may see) directories: (work, netns, proc).
+pub fn agent_dirs(prefix: &str) -> (TempDir, PathBuf, PathBuf) {
+    let work = TempDir::new(prefix);
+    let netns = work.path().join("netns");
+    let proc = work.path().join("proc");
+    std::fs::create_dir_all(&netns).unwrap();
+    std::fs::create_dir_all(&proc).unwrap();
+    (work, netns, proc)
+}
+
 /// A named namespace (`ip netns add`), optionally also bind-mounted into a private directory so that an agent
 /// under test can be pointed at exactly the namespaces of its test.
 pub struct Ns {
