@@ -17,7 +17,7 @@ unit: ## cargo tests of every crate (root: host-kernel datapath tests run in thr
 .PHONY: kernel-test kernel-test-one kernel-fetch
 
 kernel-test: ## datapath tests inside stock kernels (pinned Debian packages cached in $(CACHE)/kernel)
-	CACHE=$(CACHE) e2e/kernel/rig all
+	CACHE=$(CACHE) e2e/kernel/rig all || CACHE=$(CACHE) e2e/kernel/rerun-failed
 
 kernel-test-one: ## one test (or a comma list / substring) in the rig: make kernel-test-one TEST=delay [KERNEL=sid|bookworm]
 	@test -n "$(TEST)" || { echo "usage: make kernel-test-one TEST=name[,name] [KERNEL=bookworm|sid]"; e2e/kernel/rig list; exit 2; }
