@@ -24,22 +24,27 @@ async fn a_10_mbit_destination_gets_10_mbit_and_another_destination_is_unaffecte
     let desired = DesiredState::new([(net("10.77.0.2/32"), rate(10_000_000))]).unwrap();
     datapath.reconcile("va", &desired).await.unwrap();
 
-    // Both flows at once, so the unimpaired one shows it is not held back by the shaped one. The shaper can
-    // never give more than its rate; TCP can give less (a retransmission timeout after a tail drop idles the
-    // link for 200 ms, 7 % of a 3 s transfer, more likely on this shared 2-core machine). So every attempt
-    // must stay under the upper bound, and one of up to three must land within 5 %.
+    // Both flows at once, so the unimpaired one shows it is not held back by the shaped one; the shaper never
+    // gives more than its rate, even beside a flow that saturates both CPUs.
     let expected = 10_000_000.0 * TCP_PAYLOAD_SHARE;
+    let (shaped, free) = std::thread::scope(|s| {
+        // About 3 s at the shaped rate.
+        let shaped = s.spawn(|| pair.tcp_transfer_bps("10.77.0.2".parse().unwrap(), 5200, 3_600_000));
+        let free = s.spawn(|| pair.tcp_goodput_bps("10.77.0.3".parse().unwrap(), 5300));
+        (shaped.join().unwrap(), free.join().unwrap())
+    });
+    eprintln!("together: shaped {shaped:.0} bit/s, unimpaired {free:.0} bit/s");
+    assert!(shaped < expected * 1.05, "shaped goodput {shaped:.0} bit/s exceeds {expected:.0} by more than 5%");
+    assert!(free > 100_000_000.0, "unimpaired destination got only {free:.0} bit/s");
+
+    // The rate within 5 %, measured without the CPU-saturating neighbour: TCP can give less than the shaper
+    // allows (a retransmission timeout after a tail drop idles the link for 200 ms, 7 % of a 3 s transfer, more
+    // likely when the 2-core machine is busy), so one of up to three attempts must land within 5 %.
     let mut attempts = Vec::new();
     for attempt in 0..3u16 {
-        let (shaped, free) = std::thread::scope(|s| {
-            // About 3 s at the shaped rate.
-            let shaped = s.spawn(|| pair.tcp_transfer_bps("10.77.0.2".parse().unwrap(), 5201 + attempt, 3_600_000));
-            let free = s.spawn(|| pair.tcp_goodput_bps("10.77.0.3".parse().unwrap(), 5301 + attempt));
-            (shaped.join().unwrap(), free.join().unwrap())
-        });
-        eprintln!("shaped {shaped:.0} bit/s, unimpaired {free:.0} bit/s");
+        let shaped = pair.tcp_transfer_bps("10.77.0.2".parse().unwrap(), 5201 + attempt, 3_600_000);
+        eprintln!("alone: shaped {shaped:.0} bit/s");
         assert!(shaped < expected * 1.05, "shaped goodput {shaped:.0} bit/s exceeds {expected:.0} by more than 5%");
-        assert!(free > 100_000_000.0, "unimpaired destination got only {free:.0} bit/s");
         attempts.push(shaped);
         if (shaped - expected).abs() / expected < 0.05 {
             break;
