@@ -8,7 +8,11 @@ export CARGO_TARGET_DIR ?= $(CURDIR)/target
 help:
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | sort
 
-test: unit operator-it chart-lint examples-validate images-test kernel-test cluster-smoke e2e ## the whole suite: unit and host-kernel tests, API-server tests, chart, stock-kernel rig, real cluster smoke and end-to-end
+# The stages of `make test`, in order. A failing stage does not stop the others: every result is reported.
+TEST_STAGES := unit operator-it chart-lint examples-validate images-test kernel-test cluster-smoke e2e
+
+test: ## the whole suite: unit and host-kernel tests, API-server tests, chart, stock-kernel rig, real cluster smoke and end-to-end; every stage runs, a table of results ends it
+	@e2e/run-stages $(TEST_STAGES)
 
 unit: ## cargo tests of every crate (root: host-kernel datapath tests run in throwaway namespaces)
 	cargo test --workspace --locked
@@ -16,15 +20,15 @@ unit: ## cargo tests of every crate (root: host-kernel datapath tests run in thr
 # ---- stock-kernel rig (e2e/kernel/README.md): netem & co. on Debian bookworm 6.1 (QEMU TCG) and sid 7.x (UML)
 .PHONY: kernel-test kernel-test-one kernel-fetch
 
-kernel-test: ## datapath tests inside stock kernels (pinned Debian packages cached in $(CACHE)/kernel)
-	CACHE=$(CACHE) e2e/kernel/rig all || CACHE=$(CACHE) e2e/kernel/rerun-failed
+kernel-test: ## datapath tests inside stock kernels (Debian packages resolved by rule, cached in $(CACHE)/kernel); failed tests get one fresh boot
+	CACHE=$(CACHE) e2e/kernel/rig all --rerun-failed
 
 kernel-test-one: ## one test (or a comma list / substring) in the rig: make kernel-test-one TEST=delay [KERNEL=sid|bookworm]
 	@test -n "$(TEST)" || { echo "usage: make kernel-test-one TEST=name[,name] [KERNEL=bookworm|sid]"; e2e/kernel/rig list; exit 2; }
 	CACHE=$(CACHE) e2e/kernel/rig all --test $(TEST) $(if $(KERNEL),--kernel $(KERNEL))
 
-kernel-fetch: ## only download and prepare the rig's pinned kernels and host tools
-	CACHE=$(CACHE) e2e/kernel/rig fetch
+kernel-fetch: ## only resolve, download and prepare the rig's kernels and host tools (REFRESH=1: ask the archive even when cached)
+	CACHE=$(CACHE) e2e/kernel/rig fetch $(if $(REFRESH),--refresh)
 
 # ---- e2e cluster (e2e/cluster/README.md). Provider: local here, kind where Docker and kind exist
 #      (ISTHMUS_CLUSTER_PROVIDER=local|kind).

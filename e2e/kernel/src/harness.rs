@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::protocol::{TestRecord, Verdict, emit};
+use isthmus_kernel_tests::protocol::{TestRecord, Verdict, emit};
 
 /// How the guest kernel runs; timing tolerances depend on it (QEMU TCG adds about 1–2 ms to every delay and
 /// more under host load; UML is within a fraction of a millisecond on a quiet host).
@@ -49,8 +49,6 @@ pub struct Test {
 pub struct Ctx {
     pub kernel: String,
     pub backend: Backend,
-    /// What the rig knows of the pinned kernel: does it refuse a duplicating netem beside other netems?
-    pub duplicate_restricted: Option<bool>,
     pub runtime: tokio::runtime::Runtime,
     output: String,
     summary: Vec<String>,
@@ -106,7 +104,6 @@ impl Ctx {
 pub struct RunConfig {
     pub kernel: String,
     pub backend: Backend,
-    pub duplicate_restricted: Option<bool>,
 }
 
 /// Tests whose name equals one of the comma-separated filters; a filter that names no test exactly selects
@@ -141,7 +138,6 @@ pub fn run(tests: &[&Test], config: &RunConfig) -> bool {
         let mut ctx = Ctx {
             kernel: config.kernel.clone(),
             backend: config.backend,
-            duplicate_restricted: config.duplicate_restricted,
             runtime,
             output: String::new(),
             summary: Vec::new(),
@@ -176,7 +172,7 @@ pub fn run(tests: &[&Test], config: &RunConfig) -> bool {
         let Ctx { output, measurements, runtime, kernel, .. } = ctx;
         runtime.shutdown_timeout(std::time::Duration::from_secs(1));
         emit(&TestRecord {
-            test: test.name,
+            test: test.name.to_owned(),
             kernel,
             backend: config.backend.name().to_owned(),
             verdict,

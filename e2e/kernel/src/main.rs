@@ -3,18 +3,16 @@
 //! The rig (`e2e/kernel/rig`) builds this binary statically, puts it into an initramfs and boots it in
 //! Debian bookworm's stock kernel (QEMU TCG) and in Debian sid's User-Mode Linux. Inside, each test builds
 //! its own network namespaces, drives the project's datapath library (the code the agent runs), measures
-//! real traffic, cleans up, and prints one `ISTHMUS-RESULT {json}` line (see [`protocol`]).
+//! real traffic, cleans up, and prints one `ISTHMUS-RESULT {json}` line (see `isthmus_kernel_tests::protocol`).
 //!
 //! ```text
 //! isthmus-kernel-tests [--test NAME[,NAME…]] [--kernel LABEL] [--backend qemu-tcg|uml|native]
-//!                      [--duplicate-restricted true|false]
 //! isthmus-kernel-tests --list [--test …]      the selected test names, one a line
 //! ```
 //! Exit status: 0 when no test failed, 1 when one did, 2 for bad arguments.
 
 mod harness;
 mod netns;
-mod protocol;
 mod stats;
 mod tests;
 mod traffic;
@@ -28,12 +26,10 @@ struct Args {
     filter: Option<String>,
     kernel: Option<String>,
     backend: Backend,
-    duplicate_restricted: Option<bool>,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
-    let mut args =
-        Args { list: false, filter: None, kernel: None, backend: Backend::Native, duplicate_restricted: None };
+    let mut args = Args { list: false, filter: None, kernel: None, backend: Backend::Native };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         let mut value = |flag: &str| it.next().ok_or_else(|| anyhow::anyhow!("{flag} needs a value"));
@@ -42,14 +38,6 @@ fn parse_args() -> anyhow::Result<Args> {
             "--test" => args.filter = Some(value("--test")?),
             "--kernel" => args.kernel = Some(value("--kernel")?),
             "--backend" => args.backend = Backend::parse(&value("--backend")?)?,
-            "--duplicate-restricted" => {
-                args.duplicate_restricted = match value("--duplicate-restricted")?.as_str() {
-                    "true" => Some(true),
-                    "false" => Some(false),
-                    "" | "unknown" => None,
-                    other => anyhow::bail!("--duplicate-restricted: {other:?} is not true, false or unknown"),
-                }
-            }
             other => anyhow::bail!("unknown argument {other:?} (see the crate documentation)"),
         }
     }
@@ -82,10 +70,6 @@ fn main() -> ExitCode {
         }
         return ExitCode::SUCCESS;
     }
-    let config = RunConfig {
-        kernel: args.kernel.unwrap_or_else(kernel_release),
-        backend: args.backend,
-        duplicate_restricted: args.duplicate_restricted,
-    };
+    let config = RunConfig { kernel: args.kernel.unwrap_or_else(kernel_release), backend: args.backend };
     if harness::run(&selected, &config) { ExitCode::SUCCESS } else { ExitCode::from(1) }
 }

@@ -1,0 +1,206 @@
+//! Booting a guest: bookworm's kernel under QEMU's full emulation (TCG) or sid's User-Mode Linux as an
+//! ordinary process, with the console captured to a file, a time limit, and the whole process group killed
+//! when it is reached, when the rig is interrupted, or when the rig itself fails.
+
+use std::fs::File;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use isthmus_kernel_tests::rig::cpio::Cpio;
+use isthmus_kernel_tests::rig::report::VmStatus;
+use isthmus_kernel_tests::rig::rules::Kernel;
+use nix::sys::signal::{SigHandler, Signal, kill, signal};
+use nix::unistd::Pid;
+
+use crate::kernels::{Prepared, base_initramfs};
+
+/// PID 1 of the guest: mount, load the datapath's modules, run the tests, report, power off.
+const INIT: &str = r#"#!/bin/sh
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin
+mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev 2>/dev/null; mount -t tmpfs run /run
+mount -t tmpfs tmp /tmp; mkdir -p /run/netns
+for m in $(cat /modules/load.order); do
+  out=$(insmod "/modules/$m" 2>&1) || echo "ISTHMUS-LOG insmod $m failed: $out"
+done
+/usr/sbin/ip link set lo up
+if [ -n "$ISTHMUS_SHELL" ]; then setsid cttyhack sh; rc=0
+else
+  /isthmus-kernel-tests --kernel "$ISTHMUS_KERNEL" --backend "$ISTHMUS_BACKEND" ${ISTHMUS_TESTS:+--test "$ISTHMUS_TESTS"}
+  rc=$?
+fi
+echo "ISTHMUS-EXIT $rc"
+# QEMU: isa-debug-exit makes the status qemu's exit code ((rc << 1) | 1); UML has no /dev/port.
+[ -e /dev/port ] && printf "\\$(printf %o "$rc")" | dd of=/dev/port bs=1 seek=244 count=1 2>/dev/null
+poweroff -f
+"#;
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: nix::libc::c_int) {
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+/// Ctrl-C and SIGTERM end the running VM (its own process group does not get the terminal's signal) and then
+/// the rig, whose guards remove the run's files.
+pub fn install_interrupt_handler() {
+    for s in [Signal::SIGINT, Signal::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        unsafe { signal(s, SigHandler::Handler(on_signal)) }.expect("installing a signal handler");
+    }
+}
+
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::SeqCst)
+}
+
+pub struct Boot<'a> {
+    pub kernel: Kernel,
+    pub entry: &'a Prepared,
+    pub test_binary: Option<&'a Path>,
+    /// `--test` for the guest binary.
+    pub tests: Option<&'a str>,
+    pub run_dir: &'a Path,
+    pub timeout: Duration,
+    /// An interactive shell on this terminal instead of the tests.
+    pub shell: bool,
+}
+
+impl Boot<'_> {
+    pub fn label(&self) -> anyhow::Result<String> {
+        let release = self.entry.release()?;
+        Ok(match self.kernel {
+            Kernel::Bookworm => format!("bookworm-{release}"),
+            Kernel::Sid => format!("sid-uml-{release}"),
+        })
+    }
+
+    fn backend(&self) -> &'static str {
+        match self.kernel {
+            Kernel::Bookworm => "qemu-tcg",
+            Kernel::Sid => "uml",
+        }
+    }
+
+    /// The cached base archive followed by one with /init and the test binary.
+    fn initramfs(&self) -> anyhow::Result<PathBuf> {
+        let path = self.run_dir.join(format!("{}.cpio", self.kernel.name()));
+        std::fs::copy(base_initramfs(self.entry)?, &path)?;
+        let file = std::fs::OpenOptions::new().append(true).open(&path)?;
+        let mut cpio = Cpio::new(std::io::BufWriter::new(file));
+        cpio.file("/init", true, INIT.as_bytes())?;
+        if let Some(bin) = self.test_binary {
+            cpio.file("/isthmus-kernel-tests", true, &std::fs::read(bin).context("reading the test binary")?)?;
+        }
+        cpio.finish()?;
+        Ok(path)
+    }
+
+    /// Kernel command-line words that become /init's environment.
+    fn guest_env(&self, label: &str) -> Vec<String> {
+        let mut env = vec![format!("ISTHMUS_KERNEL={label}"), format!("ISTHMUS_BACKEND={}", self.backend())];
+        env.extend(self.tests.map(|t| format!("ISTHMUS_TESTS={t}")));
+        env.extend(self.shell.then(|| "ISTHMUS_SHELL=1".to_owned()));
+        env
+    }
+
+    fn command(&self, label: &str, initramfs: &Path) -> Command {
+        let d = &self.entry.dir;
+        match self.kernel {
+            Kernel::Bookworm => {
+                let mut c = Command::new("qemu-system-x86_64");
+                c.args(["-accel", "tcg", "-cpu", "max", "-m", "512", "-smp", "1", "-nodefaults", "-no-reboot"])
+                    .args(["-display", "none", "-monitor", "none", "-serial", "stdio"])
+                    .arg("-kernel")
+                    .arg(d.join("vmlinux"))
+                    .arg("-initrd")
+                    .arg(initramfs)
+                    .arg("-append")
+                    .arg(format!("console=ttyS0 panic=-1 quiet loglevel=1 {}", self.guest_env(label).join(" ")))
+                    .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=0x04"]);
+                c
+            }
+            Kernel::Sid => {
+                let uml_dir = self.run_dir.join("uml");
+                let _ = std::fs::create_dir_all(&uml_dir);
+                // UML's memory is a file it unlinks right after creating it; on tmpfs it never reaches the disk
+                let memdir = if is_tmpfs("/dev/shm") { PathBuf::from("/dev/shm") } else { self.run_dir.to_owned() };
+                // cwd = the entry: the patched ELF interpreter is ./ld.so
+                let mut c = Command::new(d.join("linux.uml"));
+                c.current_dir(d)
+                    .env("LD_LIBRARY_PATH", d)
+                    .env("TMPDIR", memdir)
+                    .arg("mem=512M")
+                    .arg(format!("initrd={}", initramfs.display()))
+                    .arg(format!("con0={}", if self.shell { "fd:0,fd:1" } else { "null,fd:1" }))
+                    .args(["con=null", "ssl=null", "quiet", "loglevel=1"])
+                    .arg(format!("uml_dir={}", uml_dir.display()))
+                    .arg("umid=rig")
+                    .args(self.guest_env(label));
+                c
+            }
+        }
+    }
+
+    /// Boots, waits (at most `timeout`), and returns the status and the console file.
+    pub fn run(&self) -> anyhow::Result<(VmStatus, PathBuf)> {
+        let label = self.label()?;
+        let initramfs = self.initramfs()?;
+        let console = self.run_dir.join(format!("{}.console", self.kernel.name()));
+        let mut cmd = self.command(&label, &initramfs);
+        if self.shell {
+            cmd.stdin(Stdio::inherit()).stdout(Stdio::inherit()).stderr(Stdio::inherit());
+        } else {
+            let out = File::create(&console)?;
+            cmd.stdin(Stdio::null()).stdout(out.try_clone()?).stderr(out).process_group(0);
+        }
+        let load = host_load();
+        let start = Instant::now();
+        let mut child = cmd.spawn().with_context(|| format!("starting {:?}", cmd.get_program()))?;
+        let group = Pid::from_raw(-(child.id() as i32));
+        let mut vm_rc = None;
+        while vm_rc.is_none() {
+            if let Some(status) = child.try_wait()? {
+                vm_rc = Some(status.code().unwrap_or(128 + 9));
+            } else if start.elapsed() > self.timeout || interrupted() {
+                // as timeout(1) reports it: 124 after a TERM, 137 when it took a KILL
+                let _ = kill(group, Signal::SIGTERM);
+                let grace = Instant::now();
+                while child.try_wait()?.is_none() && grace.elapsed() < Duration::from_secs(5) {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                let killed = child.try_wait()?.is_none();
+                let _ = kill(group, Signal::SIGKILL);
+                let _ = child.wait();
+                vm_rc = Some(if killed { 137 } else { 124 });
+            } else {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        // UML's helpers may outlive its main process for a moment
+        let _ = kill(group, Signal::SIGKILL);
+        let status = VmStatus {
+            kernel: label,
+            backend: self.backend().into(),
+            host_load: format!("{load}..{}", host_load()),
+            vm_rc: vm_rc.unwrap_or_default(),
+            wall_s: start.elapsed().as_secs_f64(),
+        };
+        Ok((status, console))
+    }
+}
+
+fn is_tmpfs(path: &str) -> bool {
+    nix::sys::statfs::statfs(path).is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC)
+}
+
+/// The host's 1-minute load average: the guests' timing depends on it.
+fn host_load() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "?".into())
+}

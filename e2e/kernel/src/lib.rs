@@ -1,0 +1,16 @@
+//! The stock-kernel rig's shared code: the line protocol between the guest test binary (`src/main.rs`) and
+//! the host tool (`src/bin/isthmus-rig`), and the host tool's pure parts.
+
+pub mod protocol;
+
+/// The host side's pure logic: package rules, Debian versions and indexes, module order, ELF and cpio
+/// writing, the report. The I/O around them is in `src/bin/isthmus-rig`.
+pub mod rig {
+    pub mod cpio;
+    pub mod debver;
+    pub mod elf;
+    pub mod modules;
+    pub mod packages;
+    pub mod report;
+    pub mod rules;
+}
