@@ -20,6 +20,9 @@ ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
 CHART=$ROOT/charts/isthmus
 cd "$ROOT"
 HELM=$(e2e/cluster/lib/install-tool.sh helm)
+# the rendered-object checks read YAML with PyYAML, in whichever python3 is first on PATH
+python3 -c 'import yaml' 2>/dev/null || python3 -m pip install -q pyyaml >&2 ||
+  { echo "chart-lint: PyYAML is missing and pip could not install it" >&2; exit 1; }
 KUBE_VERSION=1.34.0
 work=$(mktemp -d /tmp/isthmus-chart-lint.XXXXXX)
 agent_pid=

@@ -149,6 +149,10 @@ pub fn ensure_host_tools(log_dir: &Path) -> anyhow::Result<()> {
     if !Path::new("/usr/sbin/ip").exists() || !Path::new("/usr/sbin/tc").exists() {
         missing.push("iproute2");
     }
+    // the static test binary links against glibc's static libraries
+    if !Path::new("/usr/lib/x86_64-linux-gnu/libc.a").exists() {
+        missing.push("libc6-dev");
+    }
     if !Path::new("/usr/share/keyrings/debian-archive-keyring.gpg").exists() {
         missing.push("debian-archive-keyring");
     }
