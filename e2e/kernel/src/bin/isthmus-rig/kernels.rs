@@ -16,8 +16,14 @@ use serde::{Deserialize, Serialize};
 use crate::apt::{PrivateApt, hex};
 use crate::say;
 
+/// What an entry holds; entries of another layout are ignored (and prepared again).
+/// 2: the kernel's whole module tree under `lib/modules/<release>/`, for the e2e cluster's nodes.
+const LAYOUT: u32 = 2;
+
 #[derive(Debug, Serialize, Deserialize)]
 struct Manifest {
+    #[serde(default)]
+    layout: u32,
     kernel: Kernel,
     packages: Vec<Resolved>,
 }
@@ -48,9 +54,34 @@ pub fn list(cache: &Path, kernel: Kernel) -> Vec<Prepared> {
         .filter_map(|e| {
             let text = std::fs::read_to_string(e.path().join("manifest.json")).ok()?;
             let m: Manifest = serde_json::from_str(&text).ok()?;
-            (m.kernel == kernel).then(|| Prepared { dir: e.path(), packages: m.packages })
+            (m.kernel == kernel && m.layout == LAYOUT).then(|| Prepared { dir: e.path(), packages: m.packages })
         })
         .collect()
+}
+
+/// Entries an older rig prepared are never chosen again: they only take space. That includes the layout of
+/// the shell rig before this one (`bookworm-<version>/`, `uml-<version>-libc<version>/`, `debs/` at the top).
+fn remove_old_layouts(dir: &Path) {
+    if let Some(top) = dir.parent()
+        && let Ok(entries) = std::fs::read_dir(top)
+    {
+        for e in entries.filter_map(Result::ok) {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name == "debs" || (name.starts_with("bookworm-") || name.starts_with("uml-")) && e.path().is_dir() {
+                say(&format!("removing {} (prepared by an older rig)", e.path().display()));
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.filter_map(Result::ok) {
+        let manifest = std::fs::read_to_string(e.path().join("manifest.json")).ok();
+        let layout = manifest.and_then(|t| serde_json::from_str::<Manifest>(&t).ok()).map(|m| m.layout);
+        if layout.is_some_and(|l| l != LAYOUT) {
+            say(&format!("removing {} (prepared by an older rig)", e.path().display()));
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
 }
 
 /// Downloads and unpacks the packages into a new entry (built beside it and renamed into place, so a run
@@ -80,12 +111,13 @@ pub fn prepare(cache: &Path, kernel: Kernel, packages: &[Resolved], apt: &Privat
             &staged,
         )?,
     }
-    let manifest = Manifest { kernel, packages: packages.to_vec() };
+    let manifest = Manifest { layout: LAYOUT, kernel, packages: packages.to_vec() };
     std::fs::write(staged.join("manifest.json"), serde_json::to_string_pretty(&manifest)?)?;
     if dir.exists() {
         std::fs::remove_dir_all(&dir)?;
     }
     std::fs::rename(&staged, &dir)?;
+    remove_old_layouts(&kernel_dir(cache, kernel));
     Ok(Prepared { dir, packages: packages.to_vec() })
 }
 
@@ -95,6 +127,7 @@ fn unpack_bookworm(x: &Path, out: &Path) -> anyhow::Result<()> {
     // the .deb ships no modules.dep
     run(Command::new("depmod").arg("-b").arg(x).arg(&release))?;
     collect_modules(&x.join("lib/modules").join(&release), out)?;
+    keep_module_tree(&x.join("lib/modules").join(&release), out, &release)?;
     // PVH entry of the uncompressed vmlinux: skips the xz decompressor, which is slow under TCG
     let vmlinuz = std::fs::read(x.join("boot").join(format!("vmlinuz-{release}")))?;
     let magic = b"\xfd7zXZ\x00";
@@ -122,6 +155,7 @@ fn unpack_uml(uml: &Path, libc: &Path, out: &Path) -> anyhow::Result<()> {
     let release = only_child(&modules)?;
     say(&format!("unpacking sid's User-Mode Linux {release}"));
     collect_modules(&modules.join(&release), out)?;
+    keep_module_tree(&modules.join(&release), out, &release)?;
     std::fs::write(out.join("release"), &release)?;
     Ok(())
 }
@@ -155,6 +189,14 @@ fn collect_modules(mdir: &Path, out: &Path) -> anyhow::Result<()> {
     }
     std::fs::write(dest.join("load.order"), names)?;
     Ok(())
+}
+
+/// The whole module tree with its `modules.dep`, at `lib/modules/<release>`: the e2e cluster's nodes boot this
+/// kernel with the host's userland and load what containerd, the CNI and kube-proxy ask for with `modprobe`.
+fn keep_module_tree(tree: &Path, out: &Path, release: &str) -> anyhow::Result<()> {
+    let dest = out.join("lib/modules");
+    std::fs::create_dir_all(&dest)?;
+    std::fs::rename(tree, dest.join(release)).with_context(|| format!("moving {}", tree.display()))
 }
 
 const HOST_USERLAND: [&str; 3] = ["/bin/busybox", "/usr/sbin/ip", "/usr/sbin/tc"];

@@ -10,6 +10,8 @@
 //! isthmus-rig list                  the test names
 //! isthmus-rig shell KERNEL          a shell in the guest on this terminal (`poweroff -f` to leave)
 //! isthmus-rig resolve               each rule, and what the cache and the archive answer today
+//! isthmus-rig entry KERNEL          the prepared kernel's cache directory (fetched if needed), for the e2e
+//!                                   cluster's nodes: `vmlinux` or `linux.uml`, `lib/modules/<release>`, `release`
 //! ```
 //! Environment: `CACHE` (default ~/.cache/isthmus), `CARGO_TARGET_DIR` (reports go to
 //! `$CARGO_TARGET_DIR/kernel-tests/`), `ISTHMUS_VM_TIMEOUT` (seconds per VM, default 300).
@@ -69,14 +71,20 @@ fn main() -> ExitCode {
 fn real_main() -> anyhow::Result<ExitCode> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (command, rest) = match args.first().map(String::as_str) {
-        Some(c @ ("all" | "fetch" | "build" | "run" | "list" | "shell" | "resolve")) => (c, &args[1..]),
+        Some(c @ ("all" | "fetch" | "build" | "run" | "list" | "shell" | "resolve" | "entry")) => (c, &args[1..]),
         Some(a) if !a.starts_with("--") => {
-            eprintln!("rig: unknown command {a} (all, fetch, build, run, list, shell, resolve)");
+            eprintln!("rig: unknown command {a} (all, fetch, build, run, list, shell, resolve, entry)");
             return Ok(ExitCode::from(2));
         }
         _ => ("all", &args[..]),
     };
     let mut rig = Rig::from_env()?;
+    if command == "entry" {
+        let kernel = rest.first().and_then(|k| Kernel::parse(k)).context("usage: rig entry bookworm|sid")?;
+        apt::ensure_host_tools(&rig.cache)?;
+        println!("{}", rig.entry(kernel, true, false)?.dir.display());
+        return Ok(ExitCode::SUCCESS);
+    }
     if command == "shell" {
         let kernel = rest.first().and_then(|k| Kernel::parse(k)).context("usage: rig shell bookworm|sid")?;
         return rig.shell(kernel);
