@@ -93,9 +93,11 @@ kubectl_bin() {
 }
 kc() { "$(kubectl_bin)" --kubeconfig "$CLUSTER_DIR/kubeconfig" "$@"; }
 
-# The provider: kind where a Docker daemon answers and kind is installed, local otherwise.
+# The provider: the one a running cluster of this name was made with, else kind where a Docker daemon answers
+# and kind is installed, local otherwise.
 choose_provider() {
   local p=${ISTHMUS_CLUSTER_PROVIDER:-}
+  [ -n "$p" ] || p=$(cat "$CLUSTER_DIR/provider" 2>/dev/null || true)
   if [ -z "$p" ]; then
     if command -v kind >/dev/null && command -v docker >/dev/null && timeout 10 docker info >/dev/null 2>&1; then
       p=kind
@@ -103,5 +105,5 @@ choose_provider() {
       p=local
     fi
   fi
-  case $p in local|kind) echo "$p" ;; *) die "ISTHMUS_CLUSTER_PROVIDER must be 'local' or 'kind' (got '$p')" ;; esac
+  case $p in local|vm|kind) echo "$p" ;; *) die "ISTHMUS_CLUSTER_PROVIDER must be 'local', 'vm' or 'kind' (got '$p')" ;; esac
 }

@@ -29,6 +29,7 @@ node_name() { echo "$CLUSTER_NAME-node$1"; }
 node_dir() { echo "$CLUSTER_DIR/node$1"; }
 node_netns() { echo "$(node_dir "$1")/netns"; }
 in_node() { local i=$1; shift; nsenter --net="$(node_netns "$i")" "$@"; }
+local_node_exec() { in_node "$@"; }
 host_veth() { echo "isth-n$1"; }
 cgroup_root() { echo "$CLUSTER_NAME-node$1"; }
 node_indices() { local d; for d in "$CLUSTER_DIR"/node[0-9]*; do [ -d "$d" ] && echo "${d##*/node}"; done | sort -n; }

@@ -7,7 +7,7 @@
 set -euo pipefail
 
 # Anything matching this in a difference is the cluster's doing.
-CLUSTER_SIGNATURE='isthmus|isthbr|isth-n[0-9]|198\.1[89]\.|cni0|cni-|KUBE-|kube|etcd|containerd|runc|pause|overlay|/var/lib/kubelet|/var/log/containers|/var/log/pods|/var/lib/cni'
+CLUSTER_SIGNATURE='isthmus|isthbr|isth-n[0-9]|isth-t[0-9]|linux\.uml|qemu-system|198\.1[89]\.|cni0|cni-|KUBE-|kube|etcd|containerd|runc|pause|overlay|/var/lib/kubelet|/var/log/containers|/var/log/pods|/var/lib/cni'
 
 take() {
   local out=$1 h
@@ -15,7 +15,7 @@ take() {
   # Processes: command lines only (pids differ run to run), for what a cluster runs.
   # (By executable name: other work on this machine has "kube" in its arguments, e.g. rustc building kube_client.)
   ps -eo comm=,args= \
-    | awk '$1 ~ /^(etcd|kube-apiserver|kube-controller|kube-scheduler|kubelet|kube-proxy|containerd|containerd-shim|runc|isthmus-pause|pause)$/' \
+    | awk '$1 ~ /^(etcd|kube-apiserver|kube-controller|kube-scheduler|kubelet|kube-proxy|containerd|containerd-shim|runc|isthmus-pause|pause|linux\.uml|qemu-system-x86)$/' \
     | sed 's/[0-9]\{4,\}/N/g' | sort >"$out/processes" || true
   awk '{print $5, $9, $10}' /proc/self/mountinfo | sort >"$out/mounts"
   { ip netns list 2>/dev/null || true; } | sort >"$out/netns"

@@ -1,0 +1,328 @@
+# The vm provider: the local provider's control plane on this machine, and each node a guest running a stock
+# distribution kernel with sch_netem, so that latency, loss and the rest can be measured between real pods
+# here. Sourced by ../cluster, after local.sh (whose control plane, PKI, bridge and routes it shares).
+#
+#   host netns   isthbr0 198.18.0.1/24, kube-apiserver :6443 (as the local provider); tap isth-t<i> per node
+#   node i       a guest: Debian bookworm's stock kernel under QEMU's emulation (ISTHMUS_VM_KERNEL=bookworm,
+#                default) or sid's User-Mode Linux (sid: 4-5x faster, but Debian builds it without IPv4 nftables
+#                or legacy iptables, so kube-proxy cannot program Services there); eth0 198.18.0.(1+i)/24 on the
+#                tap; containerd, kubelet, kube-proxy, CNI bridge; its root is this machine's / read-only with a
+#                tmpfs over it (overlay)
+#
+# The guest sees this machine's files read-only, so it runs exactly the binaries the local provider runs; what
+# it writes stays in its own memory. One directory per node is shared writable (`io/`): logs, image archives
+# to import, and commands to run in the guest (vm_exec), answered by the guest's init (vm-guest.sh).
+VM_KERNEL=${ISTHMUS_VM_KERNEL:-bookworm}
+VM_MEM_MIB=${ISTHMUS_VM_MEM_MIB:-2560}
+VM_GUEST=$CLUSTER_HOME/lib/vm-guest.sh
+REPO_ROOT=$(cd "$CLUSTER_HOME/../.." && pwd)
+
+vm_tap() { echo "isth-t$1"; }
+# Locally administered and distinct per node (QEMU would give every guest the same default address).
+vm_mac() { printf '52:54:00:18:00:%02x' "$1"; }
+vm_io() { echo "$(node_dir "$1")/io"; }
+
+vm_install() {
+  local_install
+  command -v cpio >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends cpio >/dev/null
+  case $VM_KERNEL in
+    sid) ;;
+    bookworm) command -v qemu-system-x86_64 >/dev/null || die "qemu-system-x86_64 is missing (the rig installs it)" ;;
+    *) die "ISTHMUS_VM_KERNEL must be sid or bookworm (got '$VM_KERNEL')" ;;
+  esac
+  # The rig resolves, downloads and prepares the kernel (cached): vmlinux or linux.uml and its modules.
+  VM_ENTRY=$("$REPO_ROOT/e2e/kernel/rig" entry "$VM_KERNEL" | tail -n 1)
+  VM_RELEASE=$(cat "$VM_ENTRY/release")
+}
+
+# The guest's first stage: busybox mounts this machine's / read-only, lays a tmpfs over it (overlay), shares
+# the node's io directory writable, and hands over to vm-guest.sh as PID 1.
+vm_initramfs() { # OUT
+  local out=$1 root m
+  root=$(mktemp -d "$CLUSTER_DIR/initramfs.XXXXXX")
+  mkdir -p "$root"/{bin,proc,sys,dev,host,new,upper,modules}
+  cp /bin/busybox "$root/bin/busybox"
+  for m in sh mount mkdir insmod switch_root cat echo sleep poweroff; do ln -s busybox "$root/bin/$m"; done
+  local mods=(overlay)
+  [ "$VM_KERNEL" = sid ] || mods=(virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci
+                                  9pnet 9pnet_virtio netfs fscache 9p overlay)
+  for m in "${mods[@]}"; do
+    local f; f=$(find "$VM_ENTRY/lib/modules/$VM_RELEASE" -name "$m.ko*" | head -n 1)
+    [ -n "$f" ] || continue   # built in
+    case $f in *.xz) xz -dc "$f" ;; *.zst) zstd -qdc "$f" ;; *) cat "$f" ;; esac >"$root/modules/$m.ko"
+    echo "$m" >>"$root/modules/order"
+  done
+  cat >"$root/init" <<'EOF'
+#!/bin/sh
+export PATH=/bin
+mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
+for m in $(cat /modules/order 2>/dev/null); do insmod /modules/$m.ko || echo "ISTHMUS-VM insmod $m failed"; done
+if [ "$ISTHMUS_VM_KERNEL" = sid ]; then
+  mount -t hostfs -o / -r none /host
+else
+  mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose host /host
+fi
+mount -t tmpfs -o mode=0755 upper /upper && mkdir -p /upper/up /upper/work
+mount -t overlay overlay -o lowerdir=/host,upperdir=/upper/up,workdir=/upper/work /new || { echo "ISTHMUS-VM overlay failed"; poweroff -f; }
+mkdir -p "/new$ISTHMUS_VM_IO"
+if [ "$ISTHMUS_VM_KERNEL" = sid ]; then
+  mount -t hostfs -o "$ISTHMUS_VM_IO" none "/new$ISTHMUS_VM_IO"
+else
+  mount -t 9p -o trans=virtio,version=9p2000.L,cache=none io "/new$ISTHMUS_VM_IO"
+fi
+umount /proc /sys /dev 2>/dev/null
+exec switch_root /new /bin/bash "$ISTHMUS_VM_GUEST"
+EOF
+  chmod +x "$root/init"
+  (cd "$root" && find . | cpio -o -H newc --quiet) >"$out"
+  rm -rf "$root"
+}
+
+# The node's configuration, written before it boots (the guest reads it through its read-only view).
+vm_node_config() { # I
+  local i=$1 d name ip
+  d=$(node_dir "$i"); name=$(node_name "$i"); ip=$(node_ip "$i")
+  cert "$name-client" "system:node:$name" system:nodes
+  cert "$name-serving" "$name" system:nodes "IP:$ip,DNS:$name"
+  kubeconfig_for "$d/kubelet.kubeconfig" "$name-client" "https://$BRIDGE_IP:$API_PORT"
+  cat >"$d/node.env" <<EOF
+NODE_NAME=$name
+NODE_IP=$ip
+NODE_PREFIX=24
+NODE_DIR=$d
+IO=$(vm_io "$i")
+CLUSTER_DIR=$CLUSTER_DIR
+K8S_BIN=$K8S_BIN
+MODULES=$VM_ENTRY/lib/modules/$VM_RELEASE
+RELEASE=$VM_RELEASE
+EOF
+  cat >"$d/cni-template.json" <<EOF
+{"cniVersion": "1.0.0", "name": "isthmus", "plugins": [
+  {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false, "hairpinMode": true,
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": "{{.PodCIDR}}"}]], "routes": [{"dst": "0.0.0.0/0"}]}}]}
+EOF
+  # Inside the guest the standard paths are its own: nothing of this machine's is written.
+  cat >"$d/containerd.toml" <<EOF
+version = 2
+[debug]
+  address = ""
+[metrics]
+  address = ""
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "$PAUSE_IMAGE"
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "$CNI_BIN_DIR"
+    conf_dir = "/etc/cni/net.d"
+    conf_template = "$d/cni-template.json"
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+EOF
+  cat >"$d/kubelet.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: $ip
+port: 10250
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: 10248
+containerRuntimeEndpoint: unix:///run/containerd/containerd.sock
+cgroupDriver: cgroupfs
+failSwapOn: false
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: "$PKI/ca.crt"}
+authorization: {mode: Webhook}
+tlsCertFile: "$PKI/$name-serving.crt"
+tlsPrivateKeyFile: "$PKI/$name-serving.key"
+resolvConf: "$CLUSTER_DIR/resolv.conf"
+clusterDomain: cluster.local
+evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}
+# Images cannot be pulled here: never collect them.
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+EOF
+  cat >"$d/kube-proxy.yaml" <<EOF
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection: {kubeconfig: "$CLUSTER_DIR/kube-proxy.kubeconfig"}
+hostnameOverride: $name
+bindAddress: $ip
+healthzBindAddress: 127.0.0.1:10256
+metricsBindAddress: 127.0.0.1:10249
+mode: iptables
+clusterCIDR: $CLUSTER_CIDR
+nodePortAddresses: ["$NODE_NET.0/24"]
+EOF
+}
+
+vm_boot() { # I: starts the guest, detached; its console goes to logs/<node>-console.log
+  local i=$1 name tap io d
+  name=$(node_name "$i"); tap=$(vm_tap "$i"); io=$(vm_io "$i"); d=$(node_dir "$i")
+  ip tuntap add "$tap" mode tap
+  ip link set "$tap" master "$BRIDGE" up
+  local env=(ISTHMUS_VM_KERNEL="$VM_KERNEL" ISTHMUS_VM_IO="$io" ISTHMUS_VM_GUEST="$VM_GUEST"
+             ISTHMUS_VM_NODE_ENV="$d/node.env")
+  case $VM_KERNEL in
+    sid)
+      # UML's memory is a file it unlinks at once; on /dev/shm it never reaches the disk. The patched ELF
+      # interpreter is ./ld.so: the working directory must be the kernel's cache entry.
+      start_bg "$name-vm" env -C "$VM_ENTRY" TMPDIR=/dev/shm LD_LIBRARY_PATH="$VM_ENTRY" ./linux.uml \
+        mem="${VM_MEM_MIB}M" initrd="$CLUSTER_DIR/initramfs.cpio" con0=null,fd:1 con=null ssl=null \
+        umid="$CLUSTER_NAME-$i" uml_dir="$d/uml" "vec0:transport=tap,ifname=$tap,mac=$(vm_mac "$i")" \
+        quiet loglevel=4 "${env[@]}"
+      ;;
+    bookworm)
+      start_bg "$name-vm" qemu-system-x86_64 -accel tcg -cpu max -m "$VM_MEM_MIB" -smp 1 -nodefaults \
+        -no-reboot -display none -monitor none -serial stdio \
+        -kernel "$VM_ENTRY/vmlinux" -initrd "$CLUSTER_DIR/initramfs.cpio" \
+        -append "console=ttyS0 panic=-1 quiet loglevel=4 ${env[*]}" \
+        -virtfs local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap \
+        -virtfs "local,path=$io,mount_tag=io,security_model=none" \
+        -netdev "tap,id=n0,ifname=$tap,script=no,downscript=no" -device "virtio-net-pci,netdev=n0,mac=$(vm_mac "$i")"
+      ;;
+  esac
+}
+
+# vm_exec I CMD [ARG...]: runs the command inside node I's guest and prints its output and exit status; the
+# guest's init picks it up from the io directory within 0.1 s.
+vm_exec() {
+  local i=$1 io id rc; shift
+  io=$(vm_io "$i"); id=$(date +%s%N).$$.$RANDOM
+  printf '%q ' "$@" >"$io/cmd/$id.tmp"
+  mv "$io/cmd/$id.tmp" "$io/cmd/$id.sh"
+  for _ in $(seq 1 600); do
+    [ -f "$io/cmd/$id.rc" ] && break
+    alive "$(node_name "$i")-vm" || die "node $i's guest is not running"
+    sleep 0.1
+  done
+  [ -f "$io/cmd/$id.rc" ] || die "node $i did not answer a command in 60 s: $*"
+  cat "$io/cmd/$id.out"
+  rc=$(cat "$io/cmd/$id.rc")
+  rm -f "$io/cmd/$id".*
+  return "$rc"
+}
+
+vm_node_exec() { vm_exec "$@"; }
+
+vm_up() { # NODES CONTROL_PLANE_ONLY
+  local nodes=$1 cp_only=$2 t i
+  [ -z "$cp_only" ] || { local_up "$nodes" "$cp_only"; return; }
+  t=$(date +%s.%N)
+  [ ! -e "$CLUSTER_DIR/mode" ] || die "cluster '$CLUSTER_NAME' is already up ($CLUSTER_DIR); run 'cluster down' first"
+  [ "$(id -u)" = 0 ] || die "the vm provider needs root"
+  ! ip link show "$BRIDGE" >/dev/null 2>&1 || die "another full cluster is up (bridge $BRIDGE exists); only one can run at a time"
+  vm_install
+  rm -rf "$CLUSTER_DIR"
+  mkdir -p "$CLUSTER_DIR"/{logs,pids}
+  echo "full $nodes" >"$CLUSTER_DIR/mode"
+  echo vm >"$CLUSTER_DIR/provider"
+  trap vm_up_failed EXIT
+  network_up
+  pki_up "$BRIDGE_IP"
+  echo "nameserver 127.0.0.1" >"$CLUSTER_DIR/resolv.conf"
+  mkdir -p "$CLUSTER_DIR/images"
+  "$CLUSTER_HOME/build-image" "$PAUSE_IMAGE" "$CLUSTER_DIR/images/pause.tar" \
+    --file "$K8S_BIN/isthmus-pause:/pause" --entrypoint /pause --user 65535:65535 >/dev/null
+  vm_initramfs "$CLUSTER_DIR/initramfs.cpio"
+  for ((i = 1; i <= nodes; i++)); do
+    mkdir -p "$(vm_io "$i")"/{cmd,logs,images}
+    cp "$CLUSTER_DIR/images/pause.tar" "$(vm_io "$i")/images/"
+    vm_node_config "$i"
+  done
+  control_plane_up "$BRIDGE_IP"
+  for ((i = 1; i <= nodes; i++)); do vm_boot "$i"; done
+  log "booted $nodes $VM_KERNEL guest(s) ($VM_RELEASE); waiting for their kubelets"
+  for i in $(node_indices); do
+    wait_for "$(node_name "$i") pod CIDR" 180 "$(node_name "$i")-vm" node_has_pod_cidr "$(node_name "$i")"
+  done
+  vm_pod_routes_up
+  for i in $(node_indices); do
+    wait_for "$(node_name "$i") Ready" 180 "$(node_name "$i")-vm" \
+      kc wait --for=condition=Ready "node/$(node_name "$i")" --timeout=2s
+  done
+  wait_for "default ServiceAccount" 60 kube-controller-manager kc -n default get serviceaccount default
+  trap - EXIT
+  log "cluster up in $(elapsed "$t") s: $nodes $VM_KERNEL node(s) Ready; KUBECONFIG=$CLUSTER_DIR/kubeconfig"
+}
+
+vm_up_failed() {
+  local rc=$?
+  [ $rc -ne 0 ] || return 0
+  log "up failed (exit $rc); tearing down what was started (logs: $CLUSTER_DIR/logs)"
+  vm_down
+  exit $rc
+}
+
+# Routes to each node's pod /24: from this machine and from every other guest.
+vm_pod_routes_up() {
+  local i j cidr
+  for i in $(node_indices); do
+    cidr=$(kc get node "$(node_name "$i")" -o jsonpath='{.spec.podCIDR}')
+    ip route replace "$cidr" via "$(node_ip "$i")" dev "$BRIDGE"
+    for j in $(node_indices); do
+      [ "$i" = "$j" ] || vm_exec "$j" ip route replace "$cidr" via "$(node_ip "$i")" dev eth0 >/dev/null ||
+        die "node $j: no route to $cidr"
+    done
+  done
+}
+
+vm_down() {
+  set +e
+  local t i
+  t=$(date +%s.%N)
+  if [ ! -f "$CLUSTER_DIR/mode" ]; then log "cluster '$CLUSTER_NAME' is not up"; return 0; fi
+  if [ "$(cat "$CLUSTER_DIR/mode")" = control-plane ]; then local_down; return; fi
+  # A guest takes everything that ran in it along: killing it is the whole node's teardown.
+  local vms=()
+  for i in $(node_indices); do vms+=("$(node_name "$i")-vm"); done
+  stop_pids KILL "${vms[@]}"
+  stop_pids KILL kube-scheduler kube-controller-manager kube-apiserver etcd
+  for i in $(node_indices); do ip link del "$(vm_tap "$i")" 2>/dev/null; done
+  ip route show | awk '/^198\.19\./ {print $1}' | while read -r r; do ip route del "$r"; done
+  ip route del unreachable "$RESERVED_RANGE" 2>/dev/null
+  ip link del "$BRIDGE" 2>/dev/null
+  conntrack -D -s 198.18.0.0 --mask-src 255.254.0.0 >/dev/null 2>&1
+  conntrack -D -d 198.18.0.0 --mask-dst 255.254.0.0 >/dev/null 2>&1
+  wait_reaped
+  # The guests' consoles and logs stay for a post-mortem; the rest (etcd, keys, images) goes.
+  for i in $(node_indices); do
+    cp -r "$(vm_io "$i")/logs" "$CLUSTER_DIR/logs/$(node_name "$i")" 2>/dev/null
+  done
+  find "$CLUSTER_DIR" -mindepth 1 -maxdepth 1 ! -name logs -exec rm -rf {} + 2>/dev/null
+  log "down in $(elapsed "$t") s"
+  set -e
+}
+
+vm_load_image() { # ARCHIVE
+  local archive=$1 i n=0 name
+  [ -f "$archive" ] || die "no such image archive: $archive"
+  [ -f "$CLUSTER_DIR/mode" ] || die "cluster '$CLUSTER_NAME' is not up"
+  name=$(sha256sum "$archive" | cut -c1-16).tar
+  for i in $(node_indices); do
+    cp "$archive" "$(vm_io "$i")/images/$name"
+    vm_exec "$i" ctr -n k8s.io images import "$(vm_io "$i")/images/$name" >/dev/null ||
+      die "node $i could not import $archive"
+    n=$((n + 1))
+  done
+  log "loaded $archive into $n node(s)"
+}
+
+vm_status() {
+  [ -f "$CLUSTER_DIR/mode" ] || { echo "cluster '$CLUSTER_NAME' (vm): down"; return 1; }
+  echo "cluster '$CLUSTER_NAME' (vm, $(cat "$CLUSTER_DIR/mode")): $CLUSTER_DIR"
+  local f bad=0
+  for f in "$CLUSTER_DIR"/pids/*; do
+    [ -e "$f" ] || continue
+    if alive "${f##*/}"; then echo "  running  ${f##*/} (pid $(cat "$f"))"; else echo "  DEAD     ${f##*/}"; bad=1; fi
+  done
+  kc get nodes -o wide 2>/dev/null || { echo "  API server not answering"; bad=1; }
+  return $bad
+}
