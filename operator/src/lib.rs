@@ -4,11 +4,13 @@
 //! - [`api`]: the `NetworkLink` custom resource, with its schema, presets and resolution into impairments;
 //! - [`units`]: the one parser of durations, percentages, rates and sizes;
 //! - [`index`]: an in-memory store of the Kubernetes objects that matter, fed by watch events;
+//! - [`failure`]: why a pod is not shaped and why an agent call failed, each spelled once;
 //! - [`plan`]: the pure, incremental computation of each node's plan and each link's status facts;
 //! - [`uninstall`]: `isthmus-operator uninstall`, the chart's pre-delete hook.
 
 pub mod api;
 pub mod controller;
+pub mod failure;
 pub mod index;
 pub mod leader;
 pub mod metrics;

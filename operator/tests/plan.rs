@@ -8,8 +8,9 @@ use ipnet::IpNet;
 use isthmus_agent_api::{Direction, NodePlan};
 use isthmus_operator::api::ServiceInclusion;
 use isthmus_operator::controller::status::fill_status;
+use isthmus_operator::failure::FailureReason;
 use isthmus_operator::index::ObjectKey;
-use isthmus_operator::plan::{ExclusionReason, Planner, compute};
+use isthmus_operator::plan::{Planner, compute};
 use support::*;
 
 fn net(s: &str) -> IpNet {
@@ -120,8 +121,8 @@ fn host_network_pods_are_excluded_with_a_reason() {
     assert_eq!(
         excluded,
         vec![
-            ("agent", ExclusionReason::HostNetwork, Some("n1")),
-            ("node-exporter", ExclusionReason::HostNetwork, Some("n2"))
+            ("agent", FailureReason::HostNetwork, Some("n1")),
+            ("node-exporter", FailureReason::HostNetwork, Some("n2"))
         ]
     );
     assert!(facts.exclusions[0].message.contains("host's network"));

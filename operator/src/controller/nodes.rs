@@ -13,6 +13,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use super::version::{Backoff, PlanVersions};
+use crate::failure::{CallErrorKind, FailureReason};
 use crate::metrics::Metrics;
 
 /// What a dispatcher should make true on its node.
@@ -37,7 +38,7 @@ pub struct AppliedPlan {
 #[derive(Debug, Clone, PartialEq)]
 pub struct AgentFailure {
     /// `AgentUnreachable`, `AgentUnavailable`, `AgentRefused`.
-    pub reason: &'static str,
+    pub reason: FailureReason,
     pub message: String,
 }
 
@@ -118,16 +119,16 @@ fn record(shared: &Shared, node: &str, update: impl FnOnce(&mut NodeReport)) {
     }
 }
 
-fn error_kind(e: &ClientError) -> &'static str {
+fn error_kind(e: &ClientError) -> CallErrorKind {
     match e {
-        ClientError::Tls(_) => "tls",
-        ClientError::ServerName(_) => "server_name",
-        ClientError::Connect { .. } => "connect",
-        ClientError::Timeout { .. } => "timeout",
-        ClientError::Http { .. } => "http",
-        ClientError::Status { .. } if e.is_forbidden() => "forbidden",
-        ClientError::Status { .. } => "status",
-        ClientError::Decode { .. } => "decode",
+        ClientError::Tls(_) => CallErrorKind::Tls,
+        ClientError::ServerName(_) => CallErrorKind::ServerName,
+        ClientError::Connect { .. } => CallErrorKind::Connect,
+        ClientError::Timeout { .. } => CallErrorKind::Timeout,
+        ClientError::Http { .. } => CallErrorKind::Http,
+        ClientError::Status { .. } if e.is_forbidden() => CallErrorKind::Forbidden,
+        ClientError::Status { .. } => CallErrorKind::Status,
+        ClientError::Decode { .. } => CallErrorKind::Decode,
     }
 }
 
@@ -159,7 +160,7 @@ async fn dispatch(node: String, mut input: watch::Receiver<NodeInput>, shared: S
             match current.agent {
                 None => record(&shared, &node, |r| {
                     r.failure = Some(AgentFailure {
-                        reason: "AgentUnavailable",
+                        reason: FailureReason::AgentUnavailable,
                         message: format!("no ready isthmus agent on node {node}"),
                     })
                 }),
@@ -205,7 +206,7 @@ async fn dispatch(node: String, mut input: watch::Receiver<NodeInput>, shared: S
                             let wait = shared.config.backoff.delay(failures);
                             retry_at = Instant::now() + wait;
                             tracing::warn!(%node, agent = %addr, error = %e, retry_in = ?wait, "plan not delivered");
-                            let reason = if e.is_forbidden() { "AgentRefused" } else { "AgentUnreachable" };
+                            let reason = error_kind(&e).reason();
                             record(&shared, &node, |r| {
                                 r.failure = Some(AgentFailure { reason, message: format!("agent on node {node}: {e}") })
                             });

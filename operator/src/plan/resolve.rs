@@ -9,6 +9,7 @@ use isthmus_agent_api::{Direction, Impairment};
 use kube::core::{Selector, SelectorExt};
 
 use crate::api::{ServiceInclusion, SpecError, Summary};
+use crate::failure::FailureReason;
 use crate::index::{Index, LinkInfo, ObjectKey, PodInfo, Rank, ServiceInfo};
 
 /// A pod whose egress a link shapes.
@@ -36,26 +37,11 @@ impl Side {
     }
 }
 
-/// Why a selected pod is left alone.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum ExclusionReason {
-    /// The pod shares the node's network namespace; shaping it would shape the node.
-    HostNetwork,
-}
-
-impl ExclusionReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ExclusionReason::HostNetwork => "HostNetwork",
-        }
-    }
-}
-
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Exclusion {
     pub pod: ObjectKey,
     pub node: Option<String>,
-    pub reason: ExclusionReason,
+    pub reason: FailureReason,
     pub message: String,
 }
 
@@ -92,7 +78,7 @@ fn host_network_exclusion(key: &ObjectKey, pod: &PodInfo, role: &str) -> Exclusi
     Exclusion {
         pod: key.clone(),
         node: pod.node.clone(),
-        reason: ExclusionReason::HostNetwork,
+        reason: FailureReason::HostNetwork,
         message: format!(
             "{role} pod uses the host's network: its egress and its IP are the node's, so isthmus does not touch it"
         ),

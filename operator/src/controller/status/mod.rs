@@ -79,7 +79,7 @@ pub fn fill_status(facts: &LinkFacts, status: &mut NetworkLinkStatus) {
         .map(|e| PodFailure {
             pod: e.pod.to_string(),
             node: e.node.clone(),
-            reason: e.reason.as_str().to_owned(),
+            reason: e.reason.to_string(),
             message: e.message.clone(),
         })
         .collect();
@@ -154,8 +154,9 @@ pub fn transitions<'a>(
 mod tests {
     use super::*;
     use crate::api::SpecError;
+    use crate::failure::FailureReason;
     use crate::index::ObjectKey;
-    use crate::plan::{Exclusion, ExclusionReason, Overlap};
+    use crate::plan::{Exclusion, Overlap};
 
     fn facts(pairs: u32) -> LinkFacts {
         LinkFacts {
@@ -211,7 +212,7 @@ mod tests {
         f.exclusions = vec![Exclusion {
             pod: ObjectKey::new("ns", "host"),
             node: Some("n1".into()),
-            reason: ExclusionReason::HostNetwork,
+            reason: FailureReason::HostNetwork,
             message: "uses the host network".into(),
         }];
         let failures: Vec<PodFailure> = (0..20)

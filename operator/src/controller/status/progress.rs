@@ -7,6 +7,7 @@ use isthmus_agent_api::{NodePlan, PodErrorKind, PodOutcome, PodPlan};
 
 use crate::api::PodFailure;
 use crate::controller::nodes::NodeReport;
+use crate::failure::FailureReason;
 use crate::index::ObjectKey;
 
 /// What the agents made of one link's pairs.
@@ -41,7 +42,7 @@ pub fn progress<'a>(
                         } else {
                             err.message.clone()
                         };
-                        p.failures.push(failure(&plan.node, pod, kind_reason(err.kind), message));
+                        p.failures.push(failure(&plan.node, pod, err.kind.into(), message));
                     }
                     None => {
                         if let Some(f) = report.and_then(|r| r.failure.as_ref()) {
@@ -78,25 +79,12 @@ fn confirmed_outcome<'r>(report: Option<&'r NodeReport>, pod: &PodPlan) -> Optio
     result.map(|r| &r.outcome)
 }
 
-fn failure(node: &str, pod: &PodPlan, reason: &str, message: String) -> PodFailure {
+fn failure(node: &str, pod: &PodPlan, reason: FailureReason, message: String) -> PodFailure {
     PodFailure {
         pod: format!("{}/{}", pod.namespace, pod.name),
         node: Some(node.to_owned()),
-        reason: reason.to_owned(),
+        reason: reason.to_string(),
         message,
-    }
-}
-
-fn kind_reason(kind: PodErrorKind) -> &'static str {
-    match kind {
-        PodErrorKind::InvalidPlan => "InvalidPlan",
-        PodErrorKind::PodNotFound => "PodNotFound",
-        PodErrorKind::HostNetwork => "HostNetwork",
-        PodErrorKind::InterfaceNotFound => "InterfaceNotFound",
-        PodErrorKind::ForeignQdisc => "ForeignQdisc",
-        PodErrorKind::KernelUnsupported => "KernelUnsupported",
-        PodErrorKind::DuplicateRestriction => "DuplicateRestriction",
-        PodErrorKind::Kernel => "Kernel",
     }
 }
 
@@ -198,7 +186,10 @@ mod tests {
         let reports = BTreeMap::from([(
             "n1".to_string(),
             NodeReport {
-                failure: Some(AgentFailure { reason: "AgentUnreachable", message: "connection refused".into() }),
+                failure: Some(AgentFailure {
+                    reason: FailureReason::AgentUnreachable,
+                    message: "connection refused".into(),
+                }),
                 ..Default::default()
             },
         )]);
