@@ -149,7 +149,7 @@ async fn main() -> anyhow::Result<()> {
         ),
         client,
         metrics,
-        agent_client,
+        agent_api: agent_client,
         config: Config {
             agent_port: args.agent_port,
             agents: AgentSelector {

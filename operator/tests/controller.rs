@@ -144,7 +144,7 @@ fn start_full(
             Reporter { controller: "isthmus-operator".into(), instance: Some(identity.into()) },
         ),
         metrics: Arc::new(Metrics::new()),
-        agent_client,
+        agent_api: agent_client,
         config: Config {
             agent_port,
             // No agent runs on a control plane without nodes; the selector matches nothing of other tests.

@@ -3,6 +3,7 @@
 //! ([`nodes`]), writes the statuses that changed ([`status`]) and drives the cleanup finalizer
 //! ([`finalizer`]). Only the leader dispatches and writes; a follower keeps the index warm.
 
+pub mod agent;
 pub mod finalizer;
 pub mod nodes;
 pub mod status;
@@ -16,7 +17,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use isthmus_agent_api::NodePlan;
-use isthmus_agent_api::client::AgentClient;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
@@ -30,6 +30,7 @@ use crate::api::{NetworkLink, NetworkLinkStatus};
 use crate::index::ObjectKey;
 use crate::metrics::Metrics;
 use crate::plan::Planner;
+use agent::AgentApi;
 use finalizer::{Cleanup, FINALIZER, cleanup_state, finalizers_patch, plan_uses};
 use nodes::{DispatchConfig, Dispatchers, NodeInput, Reports, Shared};
 use watch::{AgentSelector, Update};
@@ -51,7 +52,8 @@ pub struct Context {
     pub client: Client,
     pub recorder: Recorder,
     pub metrics: Arc<Metrics>,
-    pub agent_client: Arc<AgentClient>,
+    /// The node agents' API (the mTLS client in production).
+    pub agent_api: Arc<dyn AgentApi>,
     pub config: Config,
     pub leader: tokio::sync::watch::Receiver<bool>,
     /// Set once every watch has listed its objects (for `/readyz`).
@@ -149,7 +151,7 @@ pub async fn run(ctx: Context, mut shutdown: tokio::sync::watch::Receiver<bool>)
     let (reported_tx, mut reported_rx) = mpsc::unbounded_channel();
     let reports: Reports = Arc::default();
     let shared = Shared {
-        client: ctx.agent_client.clone(),
+        agent_api: ctx.agent_api.clone(),
         config: ctx.config.dispatch.clone(),
         reports: reports.clone(),
         reported: reported_tx,
