@@ -1,5 +1,5 @@
-//! A link's status from the plan's facts and the agents' replies: counts, failures and conditions. Pure; the
-//! agents' side of it is in `progress.rs`.
+//! A link's status from the plan's facts and the agents' replies: counts, failures and conditions. Pure, with
+//! the agents' side in `progress.rs`; `writer.rs` queues and writes statuses.
 
 use std::collections::BTreeMap;
 
@@ -9,6 +9,7 @@ use crate::api::{MAX_STATUS_FAILURES, MAX_STATUS_OVERLAPS, NetworkLinkStatus, Ov
 use crate::plan::LinkFacts;
 
 mod progress;
+pub(super) mod writer;
 
 pub use progress::{Progress, progress};
 
