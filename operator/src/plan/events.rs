@@ -1,7 +1,4 @@
-//! Events into the planner: each updates the index and marks as stale only the links it can affect, and a
-//! changed resolution marks only the source pods whose entries it can affect.
-
-use std::collections::BTreeSet;
+//! Events into the planner: each updates the index and marks as stale only the links it can affect.
 
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
 use kube::core::SelectorExt;
@@ -115,55 +112,6 @@ impl Planner {
         for (link_key, link) in &self.index.links {
             if matches!(&link.compiled, Ok((sel, _)) if matches!(sel.to_namespaces, NamespaceScope::Selected(_))) {
                 self.dirty_links.insert(link_key.clone());
-            }
-        }
-    }
-}
-
-/// Marks the source pods whose entries a changed resolution can affect: all of a side's sources when what
-/// they share (destinations, impairment, rank) changed, otherwise only the sources that came, went or changed.
-pub(super) fn mark_changed_sources(
-    old: Option<&Resolution>,
-    new: Option<&Resolution>,
-    dirty: &mut BTreeSet<ObjectKey>,
-) {
-    let rank_same = old.map(|r| &r.rank) == new.map(|r| &r.rank);
-    let forward = (old.and_then(|r| r.forward.as_ref()), new.and_then(|r| r.forward.as_ref()));
-    let reverse = (old.and_then(|r| r.reverse.as_ref()), new.and_then(|r| r.reverse.as_ref()));
-    for (a, b) in [forward, reverse] {
-        match (a, b) {
-            (Some(a), Some(b)) if rank_same && a.destinations == b.destinations && a.impairment == b.impairment => {
-                // Both lists are sorted by pod: walk them together.
-                let (mut i, mut j) = (0, 0);
-                while i < a.sources.len() || j < b.sources.len() {
-                    match (a.sources.get(i), b.sources.get(j)) {
-                        (Some(x), Some(y)) if x.key == y.key => {
-                            if x != y {
-                                dirty.insert(x.key.clone());
-                            }
-                            i += 1;
-                            j += 1;
-                        }
-                        (Some(x), Some(y)) if x.key < y.key => {
-                            dirty.insert(x.key.clone());
-                            i += 1;
-                        }
-                        (Some(_), Some(y)) | (None, Some(y)) => {
-                            dirty.insert(y.key.clone());
-                            j += 1;
-                        }
-                        (Some(x), None) => {
-                            dirty.insert(x.key.clone());
-                            i += 1;
-                        }
-                        (None, None) => unreachable!(),
-                    }
-                }
-            }
-            (a, b) => {
-                for side in a.into_iter().chain(b) {
-                    dirty.extend(side.sources.iter().map(|s| s.key.clone()));
-                }
             }
         }
     }

@@ -1,13 +1,12 @@
 //! The incremental planner: the index, each link's cached resolution and each node's cached plan. Events mark
-//! what they can affect as stale (`events.rs`); [`Planner::recompute`] re-resolves the stale links and
-//! recomputes only the source pods whose inputs changed.
+//! the links they can affect as stale (`events.rs`); [`Planner::recompute`] re-resolves the stale links and
+//! recomputes only the source pods whose entries a changed resolution can affect.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use isthmus_agent_api::NodePlan;
 
-use super::events::mark_changed_sources;
-use super::resolve::{EndpointMemo, Resolution, resolve_link_with};
+use super::resolve::{EndpointMemo, Resolution, mark_changed_sources, resolve_link_with};
 use super::winner::{LinkStats, PodOutput, compute_pod};
 use crate::index::{Index, ObjectKey};
 

@@ -60,6 +60,18 @@ pub struct Resolution {
 }
 
 impl Resolution {
+    fn unresolved(rank: Rank) -> Self {
+        Resolution {
+            rank,
+            error: None,
+            summary: None,
+            forward: None,
+            reverse: None,
+            exclusions: Vec::new(),
+            to_namespaces: Vec::new(),
+        }
+    }
+
     pub(super) fn sides(&self) -> impl Iterator<Item = (Direction, &Side)> {
         self.forward.iter().map(|s| (Direction::Forward, s)).chain(self.reverse.iter().map(|s| (Direction::Reverse, s)))
     }
@@ -118,15 +130,7 @@ pub(super) fn resolve_link_with(
     info: &LinkInfo,
     memo: &mut EndpointMemo,
 ) -> Resolution {
-    let mut res = Resolution {
-        rank: info.rank.clone(),
-        error: None,
-        summary: None,
-        forward: None,
-        reverse: None,
-        exclusions: Vec::new(),
-        to_namespaces: Vec::new(),
-    };
+    let mut res = Resolution::unresolved(info.rank.clone());
     let (sel, impairments) = match &info.compiled {
         Ok(c) => c,
         Err(e) => {
@@ -233,4 +237,53 @@ fn sources(link: &ObjectKey, pods: &Selected<'_>) -> Vec<Source> {
         .collect();
     v.sort();
     v
+}
+
+/// Marks the source pods whose entries a changed resolution can affect: all of a side's sources when what
+/// they share (destinations, impairment, rank) changed, otherwise only the sources that came, went or changed.
+pub(super) fn mark_changed_sources(
+    old: Option<&Resolution>,
+    new: Option<&Resolution>,
+    dirty: &mut BTreeSet<ObjectKey>,
+) {
+    let rank_same = old.map(|r| &r.rank) == new.map(|r| &r.rank);
+    let forward = (old.and_then(|r| r.forward.as_ref()), new.and_then(|r| r.forward.as_ref()));
+    let reverse = (old.and_then(|r| r.reverse.as_ref()), new.and_then(|r| r.reverse.as_ref()));
+    for (a, b) in [forward, reverse] {
+        match (a, b) {
+            (Some(a), Some(b)) if rank_same && a.destinations == b.destinations && a.impairment == b.impairment => {
+                // Both lists are sorted by pod: walk them together.
+                let (mut i, mut j) = (0, 0);
+                while i < a.sources.len() || j < b.sources.len() {
+                    match (a.sources.get(i), b.sources.get(j)) {
+                        (Some(x), Some(y)) if x.key == y.key => {
+                            if x != y {
+                                dirty.insert(x.key.clone());
+                            }
+                            i += 1;
+                            j += 1;
+                        }
+                        (Some(x), Some(y)) if x.key < y.key => {
+                            dirty.insert(x.key.clone());
+                            i += 1;
+                        }
+                        (Some(_), Some(y)) | (None, Some(y)) => {
+                            dirty.insert(y.key.clone());
+                            j += 1;
+                        }
+                        (Some(x), None) => {
+                            dirty.insert(x.key.clone());
+                            i += 1;
+                        }
+                        (None, None) => unreachable!(),
+                    }
+                }
+            }
+            (a, b) => {
+                for side in a.into_iter().chain(b) {
+                    dirty.extend(side.sources.iter().map(|s| s.key.clone()));
+                }
+            }
+        }
+    }
 }
