@@ -1,14 +1,18 @@
-//! isthmus operator: the NetworkLink API, the pure index and plan computation, and (later) the controller
-//! around them.
+//! isthmus operator: the NetworkLink API, the pure index and plan computation, and the controller around them.
 //!
 //! - [`api`]: the `NetworkLink` custom resource, with its schema, presets and resolution into impairments;
 //! - [`units`]: the one parser of durations, percentages, rates and sizes;
 //! - [`index`]: an in-memory store of the Kubernetes objects that matter, fed by watch events;
 //! - [`plan`]: the pure, incremental computation of each node's plan and each link's status facts;
+//! - [`failure`]: why a pod is not shaped and why an agent call failed, each spelled once;
+//! - [`controller`]: watches, per-node dispatch to the agents, status and the cleanup finalizer;
+//! - [`leader`]: leader election on a Lease, fenced on the Lease's own expiry;
+//! - [`metrics`], [`telemetry`]: the Prometheus metrics, logging and the `/metrics`, `/healthz`, `/readyz` server;
 //! - [`uninstall`]: `isthmus-operator uninstall`, the chart's pre-delete hook.
 
 pub mod api;
 pub mod controller;
+pub mod failure;
 pub mod index;
 pub mod leader;
 pub mod metrics;

@@ -86,61 +86,20 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     telemetry::init_logging(args.log_format);
     if let Some(Command::Uninstall { timeout_seconds }) = args.command {
-        let client = kube::Client::try_default().await.context("connecting to the Kubernetes API")?;
-        let deleted = isthmus_operator::uninstall::delete_all_and_wait(client, Duration::from_secs(timeout_seconds))
-            .await
-            .context(
-                "uninstall: deleting every NetworkLink and waiting for the operator to remove their impairments",
-            )?;
-        tracing::info!(deleted, "no NetworkLink left");
-        return Ok(());
+        return uninstall(Duration::from_secs(timeout_seconds)).await;
     }
 
-    let files = TlsFiles {
-        ca: args.agent_ca.clone().unwrap_or_else(|| args.agent_tls_dir.join("ca.crt")),
-        cert: args.agent_cert.clone().unwrap_or_else(|| args.agent_tls_dir.join("tls.crt")),
-        key: args.agent_key.clone().unwrap_or_else(|| args.agent_tls_dir.join("tls.key")),
-    };
-    let mut client_config = ClientConfig::new(files);
-    client_config.server_name = args.agent_server_name.clone();
-    let agent_client = Arc::new(AgentClient::new(client_config).context("loading the agent client identity")?);
-
+    let agent_client = args.agent_client()?;
     let client = kube::Client::try_default().await.context("connecting to the Kubernetes API")?;
-    let identity = args.identity.clone().unwrap_or_else(|| {
-        std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .map(|s| s.trim().to_owned())
-            .unwrap_or_else(|_| "isthmus-operator".into())
-    });
+    let identity = args.identity();
     let metrics = Arc::new(Metrics::new());
     let ready = Arc::new(AtomicBool::new(false));
 
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
-    let (election, leader, _fixed) = if args.leader_election {
-        let config = LeaderConfig {
-            lease_name: args.lease_name.clone(),
-            lease_namespace: args.lease_namespace.clone(),
-            identity: identity.clone(),
-            duration_s: 15,
-            grace_s: 5,
-        };
-        let election = Election::start(client.clone(), &config).await.context("starting leader election")?;
-        let leader = election.is_leader.clone();
-        (Some(election), leader, None)
-    } else {
-        let (tx, rx) = Election::always_leader();
-        (None, rx, Some(tx))
-    };
-
-    let listener = tokio::net::TcpListener::bind(args.metrics_addr)
-        .await
-        .with_context(|| format!("binding --metrics-addr {}", args.metrics_addr))?;
-    let http = {
-        let mut rx = shutdown_rx.clone();
-        let state = HttpState { metrics: metrics.clone(), ready: ready.clone() };
-        tokio::spawn(telemetry::serve(listener, state, async move {
-            let _ = rx.wait_for(|s| *s).await;
-        }))
-    };
+    let leadership = args.leadership(&client, &identity).await?;
+    let http =
+        serve_http(args.metrics_addr, HttpState { metrics: metrics.clone(), ready: ready.clone() }, &shutdown_rx)
+            .await?;
 
     let ctx = Context {
         recorder: Recorder::new(
@@ -149,18 +108,9 @@ async fn main() -> anyhow::Result<()> {
         ),
         client,
         metrics,
-        agent_client,
-        config: Config {
-            agent_port: args.agent_port,
-            agents: AgentSelector {
-                namespace: Some(args.agent_namespace.clone()).filter(|n| !n.is_empty()),
-                labels: args.agent_selector.clone(),
-            },
-            dispatch: DispatchConfig { resync: Duration::from_secs(args.resync_seconds), backoff: Backoff::default() },
-            cleanup_timeout: Duration::from_secs(args.cleanup_timeout_seconds),
-            field_manager: "isthmus-operator".into(),
-        },
-        leader: leader.clone(),
+        agent_api: agent_client,
+        config: args.controller_config(),
+        leader: leadership.leader.clone(),
         ready,
     };
     let controller = tokio::spawn(controller::run(ctx, shutdown_rx));
@@ -169,18 +119,105 @@ async fn main() -> anyhow::Result<()> {
     tracing::info!("shutting down");
     let _ = shutdown_tx.send(true);
     let _ = controller.await;
-    if let Some(election) = election {
-        // A dispatcher finishing a call still holds the leadership flag; do not outwait the pod's grace period.
-        if tokio::time::timeout(Duration::from_secs(10), election.release(vec![leader])).await.is_err() {
-            tracing::warn!("leader lease not released within 10 s; it expires on its own");
-        }
-    }
+    leadership.release().await;
     match http.await {
         Ok(Err(e)) => tracing::warn!(error = %e, "metrics server"),
         Err(e) => tracing::warn!(error = %e, "metrics server task"),
         Ok(Ok(())) => {}
     }
     Ok(())
+}
+
+async fn uninstall(timeout: Duration) -> anyhow::Result<()> {
+    let client = kube::Client::try_default().await.context("connecting to the Kubernetes API")?;
+    let deleted = isthmus_operator::uninstall::delete_all_and_wait(client, timeout)
+        .await
+        .context("uninstall: deleting every NetworkLink and waiting for the operator to remove their impairments")?;
+    tracing::info!(deleted, "no NetworkLink left");
+    Ok(())
+}
+
+/// Whether this replica leads: from the Lease, or always when election is off.
+struct Leadership {
+    election: Option<Election>,
+    leader: tokio::sync::watch::Receiver<bool>,
+    /// Keeps a fixed answer alive while election is off.
+    _fixed: Option<tokio::sync::watch::Sender<bool>>,
+}
+
+impl Leadership {
+    async fn release(self) {
+        let Some(election) = self.election else { return };
+        // A dispatcher finishing a call still holds the leadership flag; do not outwait the pod's grace period.
+        if tokio::time::timeout(Duration::from_secs(10), election.release(vec![self.leader])).await.is_err() {
+            tracing::warn!("leader lease not released within 10 s; it expires on its own");
+        }
+    }
+}
+
+impl Args {
+    fn agent_client(&self) -> anyhow::Result<Arc<AgentClient>> {
+        let files = TlsFiles {
+            ca: self.agent_ca.clone().unwrap_or_else(|| self.agent_tls_dir.join("ca.crt")),
+            cert: self.agent_cert.clone().unwrap_or_else(|| self.agent_tls_dir.join("tls.crt")),
+            key: self.agent_key.clone().unwrap_or_else(|| self.agent_tls_dir.join("tls.key")),
+        };
+        let mut client_config = ClientConfig::new(files);
+        client_config.server_name = self.agent_server_name.clone();
+        Ok(Arc::new(AgentClient::new(client_config).context("loading the agent client identity")?))
+    }
+
+    fn identity(&self) -> String {
+        self.identity.clone().unwrap_or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|s| s.trim().to_owned())
+                .unwrap_or_else(|_| "isthmus-operator".into())
+        })
+    }
+
+    async fn leadership(&self, client: &kube::Client, identity: &str) -> anyhow::Result<Leadership> {
+        if !self.leader_election {
+            let (tx, rx) = Election::always_leader();
+            return Ok(Leadership { election: None, leader: rx, _fixed: Some(tx) });
+        }
+        let config = LeaderConfig {
+            lease_name: self.lease_name.clone(),
+            lease_namespace: self.lease_namespace.clone(),
+            identity: identity.to_owned(),
+            duration_s: 15,
+            grace_s: 5,
+        };
+        let election = Election::start(client.clone(), &config).await.context("starting leader election")?;
+        let leader = election.is_leader.clone();
+        Ok(Leadership { election: Some(election), leader, _fixed: None })
+    }
+
+    fn controller_config(&self) -> Config {
+        Config {
+            agent_port: self.agent_port,
+            agents: AgentSelector {
+                namespace: Some(self.agent_namespace.clone()).filter(|n| !n.is_empty()),
+                labels: self.agent_selector.clone(),
+            },
+            dispatch: DispatchConfig { resync: Duration::from_secs(self.resync_seconds), backoff: Backoff::default() },
+            cleanup_timeout: Duration::from_secs(self.cleanup_timeout_seconds),
+            field_manager: "isthmus-operator".into(),
+        }
+    }
+}
+
+/// `/metrics`, `/healthz` and `/readyz` until shutdown.
+async fn serve_http(
+    addr: SocketAddr,
+    state: HttpState,
+    shutdown: &tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<tokio::task::JoinHandle<std::io::Result<()>>> {
+    let listener =
+        tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding --metrics-addr {addr}"))?;
+    let mut rx = shutdown.clone();
+    Ok(tokio::spawn(telemetry::serve(listener, state, async move {
+        let _ = rx.wait_for(|s| *s).await;
+    })))
 }
 
 async fn wait_for_signal() -> anyhow::Result<()> {

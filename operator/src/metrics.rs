@@ -9,6 +9,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::failure::CallErrorKind;
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct NodeLabels {
     pub node: String,
@@ -17,7 +19,7 @@ pub struct NodeLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct AgentErrorLabels {
     pub node: String,
-    pub kind: String,
+    pub kind: CallErrorKind,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -82,13 +84,11 @@ impl Metrics {
         Metrics { registry, ..m }
     }
 
-    pub fn agent_call(&self, node: &str, took: Duration, error: Option<&str>) {
+    pub fn agent_call(&self, node: &str, took: Duration, error: Option<CallErrorKind>) {
         self.agent_calls.get_or_create(&NodeLabels { node: node.to_owned() }).inc();
         self.agent_call_duration.observe(took.as_secs_f64());
         if let Some(kind) = error {
-            self.agent_call_errors
-                .get_or_create(&AgentErrorLabels { node: node.to_owned(), kind: kind.to_owned() })
-                .inc();
+            self.agent_call_errors.get_or_create(&AgentErrorLabels { node: node.to_owned(), kind }).inc();
         }
     }
 
@@ -111,7 +111,7 @@ mod tests {
     #[test]
     fn agent_errors_are_labelled_by_node_and_kind() {
         let m = Metrics::new();
-        m.agent_call("n1", Duration::from_millis(3), Some("connect"));
+        m.agent_call("n1", Duration::from_millis(3), Some(CallErrorKind::Connect));
         m.agent_call("n1", Duration::from_millis(3), None);
         let text = m.encode();
         assert!(text.contains(r#"isthmus_operator_agent_call_errors_total{node="n1",kind="connect"} 1"#), "{text}");

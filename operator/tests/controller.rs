@@ -2,9 +2,9 @@
 //! carry `observedGeneration` and the conditions, and leadership hands over between two controllers.
 //!
 //! Runs only when `ISTHMUS_TEST_KUBECONFIG` names a control plane's kubeconfig (`make operator-it` starts one);
-//! without it each test says so and passes. The control plane has no nodes and no kubelet, so no agent ever
-//! answers: agent calls themselves are covered by the end-to-end suite. Pods are made "running" by patching
-//! their status.
+//! without it each test says so and passes. The control plane has no nodes and no kubelet: agents are either
+//! absent or one real `isthmus-agent` process on 127.0.0.1. Pods are made "running" by patching their status.
+//! The same controller paths in memory, with an in-memory agent and API server: tests/scenarios/.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -144,7 +144,7 @@ fn start_full(
             Reporter { controller: "isthmus-operator".into(), instance: Some(identity.into()) },
         ),
         metrics: Arc::new(Metrics::new()),
-        agent_client,
+        agent_api: agent_client,
         config: Config {
             agent_port,
             // No agent runs on a control plane without nodes; the selector matches nothing of other tests.

@@ -7,8 +7,10 @@ use std::time::Duration;
 use ipnet::IpNet;
 use isthmus_agent_api::{Direction, NodePlan};
 use isthmus_operator::api::ServiceInclusion;
+use isthmus_operator::controller::status::fill_status;
+use isthmus_operator::failure::FailureReason;
 use isthmus_operator::index::ObjectKey;
-use isthmus_operator::plan::{ExclusionReason, Planner, compute};
+use isthmus_operator::plan::{Planner, compute};
 use support::*;
 
 fn net(s: &str) -> IpNet {
@@ -119,13 +121,13 @@ fn host_network_pods_are_excluded_with_a_reason() {
     assert_eq!(
         excluded,
         vec![
-            ("agent", ExclusionReason::HostNetwork, Some("n1")),
-            ("node-exporter", ExclusionReason::HostNetwork, Some("n2"))
+            ("agent", FailureReason::HostNetwork, Some("n1")),
+            ("node-exporter", FailureReason::HostNetwork, Some("n2"))
         ]
     );
     assert!(facts.exclusions[0].message.contains("host's network"));
     let mut status = isthmus_operator::api::NetworkLinkStatus::default();
-    facts.fill_status(&mut status);
+    fill_status(&facts, &mut status);
     assert_eq!(status.failures[1].pod, "ns/node-exporter");
     assert_eq!(status.failures[1].reason, "HostNetwork");
 }
@@ -250,7 +252,7 @@ fn reverse_direction_shapes_the_to_pods() {
     let facts = p.link_facts(&ObjectKey::new("ns", "sat")).unwrap();
     assert_eq!((facts.source_pods, facts.destinations, facts.pairs), (2, 3, 3));
     let mut status = isthmus_operator::api::NetworkLinkStatus::default();
-    facts.fill_status(&mut status);
+    fill_status(&facts, &mut status);
     assert_eq!(status.expected_round_trip.as_deref(), Some("625ms"));
     assert_eq!(status.latency.as_deref(), Some("325ms/300ms"));
     assert_eq!(status.bandwidth.as_deref(), Some("2Mbit/10Mbit"));

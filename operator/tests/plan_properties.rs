@@ -14,6 +14,7 @@ use proptest::prelude::*;
 use support::*;
 
 #[derive(Debug, Clone)]
+#[allow(clippy::large_enum_variant, reason = "a few hundred events per case; boxing would only obscure the test")]
 enum Event {
     Pod(ObjectKey, Option<PodInfo>),
     Namespace(String, Option<Labels>),
@@ -49,7 +50,7 @@ const NAMESPACES: [&str; 3] = ["a", "b", "c"];
 const APPS: [&str; 3] = ["p", "q", "r"];
 
 fn ip(i: u8) -> IpAddr {
-    if i % 3 == 0 { format!("fd00::{i:x}").parse().unwrap() } else { format!("10.0.0.{i}").parse().unwrap() }
+    if i.is_multiple_of(3) { format!("fd00::{i:x}").parse().unwrap() } else { format!("10.0.0.{i}").parse().unwrap() }
 }
 
 fn pod_event() -> impl Strategy<Value = Event> {

@@ -23,6 +23,7 @@ macro_rules! cel_reverse_in_force {
 /// A NetworkLink changes only the egress of pods in its own namespace: the `from` pods, and for the reverse
 /// direction the `to` pods, which must then be in the link's namespace too.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[allow(clippy::duplicated_attributes, reason = "each printcolumn names its own type_")]
 #[kube(
     group = "isthmus.dev",
     version = "v1alpha1",

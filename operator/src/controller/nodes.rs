@@ -7,12 +7,13 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use isthmus_agent_api::client::{AgentClient, ClientError};
-use isthmus_agent_api::{ApplyReply, Capabilities, NodePlan};
+use isthmus_agent_api::{ApplyReply, Capabilities, NodePlan, PodOutcome};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
+use super::agent::AgentApi;
 use super::version::{Backoff, PlanVersions};
+use crate::failure::FailureReason;
 use crate::metrics::Metrics;
 
 /// What a dispatcher should make true on its node.
@@ -37,7 +38,7 @@ pub struct AppliedPlan {
 #[derive(Debug, Clone, PartialEq)]
 pub struct AgentFailure {
     /// `AgentUnreachable`, `AgentUnavailable`, `AgentRefused`.
-    pub reason: &'static str,
+    pub reason: FailureReason,
     pub message: String,
 }
 
@@ -63,7 +64,7 @@ pub struct DispatchConfig {
 /// What every dispatcher shares.
 #[derive(Clone)]
 pub struct Shared {
-    pub client: Arc<AgentClient>,
+    pub agent_api: Arc<dyn AgentApi>,
     pub config: DispatchConfig,
     pub reports: Reports,
     /// Nodes whose report changed, for the controller to refresh statuses and finalizers.
@@ -108,126 +109,148 @@ impl Dispatchers {
     }
 }
 
-fn record(shared: &Shared, node: &str, update: impl FnOnce(&mut NodeReport)) {
-    let mut reports = shared.reports.lock().unwrap_or_else(|p| p.into_inner());
-    let report = reports.entry(node.to_owned()).or_default();
-    let before = report.clone();
-    update(report);
-    if *report != before {
-        let _ = shared.reported.send(node.to_owned());
-    }
-}
-
-fn error_kind(e: &ClientError) -> &'static str {
-    match e {
-        ClientError::Tls(_) => "tls",
-        ClientError::ServerName(_) => "server_name",
-        ClientError::Connect { .. } => "connect",
-        ClientError::Timeout { .. } => "timeout",
-        ClientError::Http { .. } => "http",
-        ClientError::Status { .. } if e.is_forbidden() => "forbidden",
-        ClientError::Status { .. } => "status",
-        ClientError::Decode { .. } => "decode",
-    }
+/// One node's loop: what it sent, what the agent confirmed, and when to call next.
+struct NodeLoop {
+    node: String,
+    input: watch::Receiver<NodeInput>,
+    leader: watch::Receiver<bool>,
+    shared: Shared,
+    versions: PlanVersions,
+    /// What the agent confirmed: (plan, agent address, agent UID) as sent.
+    confirmed: Option<NodeInput>,
+    failures: u32,
+    retry_at: Instant,
+    resync_at: Instant,
+    agent_seen: (Option<SocketAddr>, Option<String>),
 }
 
 /// One node's loop. Ends when the controller drops the node's sender.
-async fn dispatch(node: String, mut input: watch::Receiver<NodeInput>, shared: Shared) {
-    let mut leader = shared.leader.clone();
-    let mut versions = PlanVersions::default();
-    // What the agent confirmed: (plan, agent address, agent UID) as sent.
-    let mut confirmed: Option<NodeInput> = None;
-    let mut failures: u32 = 0;
-    let mut retry_at = Instant::now();
-    let mut resync_at = Instant::now() + shared.config.resync;
-    let mut agent_seen: (Option<SocketAddr>, Option<String>) = (None, None);
-    loop {
-        let current = input.borrow_and_update().clone();
-        let leading = *leader.borrow_and_update();
-        let agent_now = (current.agent, current.agent_uid.clone());
-        if agent_now != agent_seen {
-            // A new or restarted agent gets the plan at once, whatever the backoff of its predecessor.
-            agent_seen = agent_now;
-            failures = 0;
-            retry_at = Instant::now();
-        }
-        if !leading {
-            confirmed = None; // a new term resends everything
-        }
-        let due = leading && confirmed.as_ref() != Some(&current) && Instant::now() >= retry_at;
-        if due {
-            match current.agent {
-                None => record(&shared, &node, |r| {
-                    r.failure = Some(AgentFailure {
-                        reason: "AgentUnavailable",
-                        message: format!("no ready isthmus agent on node {node}"),
-                    })
-                }),
-                Some(addr) => {
-                    let mut plan = (*current.plan).clone();
-                    plan.node = node.clone();
-                    plan.version = versions.next_now();
-                    let started = std::time::Instant::now();
-                    let result = tokio::select! {
-                        r = shared.client.apply(addr, &plan) => Some(r),
-                        _ = leader.changed() => None,
-                    };
-                    let Some(result) = result else {
-                        tracing::info!(%node, "leadership lost during a call; abandoned it");
-                        continue;
-                    };
-                    shared.metrics.agent_call(&node, started.elapsed(), result.as_ref().err().map(error_kind));
-                    match result {
-                        Ok(reply) if reply.stale => {
-                            tracing::warn!(%node, sent = plan.version, in_force = reply.version, "agent holds a newer plan; resending above it");
-                            versions.observe(reply.version);
-                        }
-                        Ok(reply) => {
-                            let failed = reply
-                                .pods
-                                .iter()
-                                .filter(|p| p.outcome != isthmus_agent_api::PodOutcome::Applied)
-                                .count();
-                            tracing::info!(%node, version = plan.version, pods = plan.pods.len(), failed, "plan applied");
-                            failures = 0;
-                            retry_at = Instant::now();
-                            resync_at = Instant::now() + shared.config.resync;
-                            let applied = AppliedPlan { plan: Arc::new(plan), reply: reply.clone() };
-                            record(&shared, &node, |r| {
-                                r.capabilities = Some(reply.capabilities.clone());
-                                r.failure = None;
-                                r.applied = Some(applied);
-                            });
-                            confirmed = Some(current);
-                        }
-                        Err(e) => {
-                            failures = failures.saturating_add(1);
-                            let wait = shared.config.backoff.delay(failures);
-                            retry_at = Instant::now() + wait;
-                            tracing::warn!(%node, agent = %addr, error = %e, retry_in = ?wait, "plan not delivered");
-                            let reason = if e.is_forbidden() { "AgentRefused" } else { "AgentUnreachable" };
-                            record(&shared, &node, |r| {
-                                r.failure = Some(AgentFailure { reason, message: format!("agent on node {node}: {e}") })
-                            });
-                        }
+async fn dispatch(node: String, input: watch::Receiver<NodeInput>, shared: Shared) {
+    let state = NodeLoop {
+        node,
+        input,
+        leader: shared.leader.clone(),
+        versions: PlanVersions::default(),
+        confirmed: None,
+        failures: 0,
+        retry_at: Instant::now(),
+        resync_at: Instant::now() + shared.config.resync,
+        agent_seen: (None, None),
+        shared,
+    };
+    state.run().await
+}
+
+impl NodeLoop {
+    async fn run(mut self) {
+        loop {
+            let current = self.input.borrow_and_update().clone();
+            let leading = *self.leader.borrow_and_update();
+            let agent_now = (current.agent, current.agent_uid.clone());
+            if agent_now != self.agent_seen {
+                // A new or restarted agent gets the plan at once, whatever the backoff of its predecessor.
+                self.agent_seen = agent_now;
+                self.failures = 0;
+                self.retry_at = Instant::now();
+            }
+            if !leading {
+                self.confirmed = None; // a new term resends everything
+            }
+            if leading && self.confirmed.as_ref() != Some(&current) && Instant::now() >= self.retry_at {
+                match current.agent {
+                    None => {
+                        let failure = AgentFailure {
+                            reason: FailureReason::AgentUnavailable,
+                            message: format!("no ready isthmus agent on node {}", self.node),
+                        };
+                        self.record(|r| r.failure = Some(failure));
                     }
-                    continue;
+                    Some(addr) => {
+                        self.deliver(addr, current).await;
+                        continue;
+                    }
                 }
             }
+            if !self.wait(leading, &current).await {
+                return;
+            }
         }
-        let pending = leading && confirmed.as_ref() != Some(&current) && current.agent.is_some();
-        let wake = if pending { retry_at } else { resync_at };
+    }
+
+    /// Sends the current plan under a new version and records what came of it.
+    async fn deliver(&mut self, addr: SocketAddr, current: NodeInput) {
+        let node = self.node.clone();
+        let mut plan = (*current.plan).clone();
+        plan.node = node.clone();
+        plan.version = self.versions.next_now();
+        let started = std::time::Instant::now();
+        let result = tokio::select! {
+            r = self.shared.agent_api.apply(addr, &plan) => Some(r),
+            _ = self.leader.changed() => None,
+        };
+        let Some(result) = result else {
+            tracing::info!(%node, "leadership lost during a call; abandoned it");
+            return;
+        };
+        self.shared.metrics.agent_call(&node, started.elapsed(), result.as_ref().err().map(|e| e.kind));
+        match result {
+            Ok(reply) if reply.stale => {
+                tracing::warn!(%node, sent = plan.version, in_force = reply.version, "agent holds a newer plan; resending above it");
+                self.versions.observe(reply.version);
+            }
+            Ok(reply) => {
+                let failed = reply.pods.iter().filter(|p| p.outcome != PodOutcome::Applied).count();
+                tracing::info!(%node, version = plan.version, pods = plan.pods.len(), failed, "plan applied");
+                self.failures = 0;
+                self.retry_at = Instant::now();
+                self.resync_at = Instant::now() + self.shared.config.resync;
+                let capabilities = reply.capabilities.clone();
+                let applied = AppliedPlan { plan: Arc::new(plan), reply };
+                self.record(|r| {
+                    r.capabilities = Some(capabilities);
+                    r.failure = None;
+                    r.applied = Some(applied);
+                });
+                self.confirmed = Some(current);
+            }
+            Err(e) => {
+                self.failures = self.failures.saturating_add(1);
+                let wait = self.shared.config.backoff.delay(self.failures);
+                self.retry_at = Instant::now() + wait;
+                tracing::warn!(%node, agent = %addr, error = %e, retry_in = ?wait, "plan not delivered");
+                let failure = AgentFailure { reason: e.kind.reason(), message: format!("agent on node {node}: {e}") };
+                self.record(|r| r.failure = Some(failure));
+            }
+        }
+    }
+
+    /// Sleeps until the input or the leadership changes, a retry or the periodic resync is due; false once the
+    /// controller has dropped the node.
+    async fn wait(&mut self, leading: bool, current: &NodeInput) -> bool {
+        let pending = leading && self.confirmed.as_ref() != Some(current) && current.agent.is_some();
+        let wake = if pending { self.retry_at } else { self.resync_at };
         tokio::select! {
-            changed = input.changed() => if changed.is_err() { return },
-            gone = leader.changed() => if gone.is_err() { return },
+            changed = self.input.changed() => changed.is_ok(),
+            gone = self.leader.changed() => gone.is_ok(),
             _ = tokio::time::sleep_until(wake) => {
                 if !pending {
                     // Periodic resync: the agent gets the full plan again, which repairs anything changed behind
                     // its back and re-reads its capabilities.
-                    confirmed = None;
-                    resync_at = Instant::now() + shared.config.resync;
+                    self.confirmed = None;
+                    self.resync_at = Instant::now() + self.shared.config.resync;
                 }
+                true
             }
+        }
+    }
+
+    fn record(&self, update: impl FnOnce(&mut NodeReport)) {
+        let mut reports = self.shared.reports.lock().unwrap_or_else(|p| p.into_inner());
+        let report = reports.entry(self.node.clone()).or_default();
+        let before = report.clone();
+        update(report);
+        if *report != before {
+            let _ = self.shared.reported.send(self.node.clone());
         }
     }
 }

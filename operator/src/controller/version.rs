@@ -29,10 +29,6 @@ impl PlanVersions {
     pub fn observe(&mut self, in_force: u64) {
         self.last = self.last.max(in_force);
     }
-
-    pub fn last(&self) -> u64 {
-        self.last
-    }
 }
 
 pub fn unix_millis() -> u64 {

@@ -1,0 +1,124 @@
+//! The cleanup finalizer's side effects: every link gets the finalizer; a deleted link keeps it until the nodes
+//! that had its impairments confirmed a plan without them (`finalizer.rs` decides), or a bounded wait ran out.
+//! Patches go out in the background, at most one per link at a time.
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::{Event as KubeEvent, EventType};
+use tokio::time::Instant;
+
+use super::Controller;
+use super::finalizer::{Cleanup, FINALIZER, cleanup_state, finalizers_patch, plan_uses};
+use crate::api::NetworkLink;
+use crate::index::ObjectKey;
+
+/// A deleted link waiting for its nodes.
+#[derive(Debug, Clone)]
+pub(super) struct PendingCleanup {
+    affected: BTreeSet<String>,
+    deadline: Instant,
+}
+
+impl Controller {
+    /// First sight of a deletion: the nodes to wait for are those whose plan (desired, or last confirmed) uses
+    /// the link, computed with the link still in. Then the link leaves the plan.
+    pub(super) fn begin_cleanup(&mut self, key: ObjectKey, link: &NetworkLink) {
+        self.planner.apply_link(link);
+        self.recompute();
+        let mut affected: BTreeSet<String> =
+            self.planner.node_plans().filter(|p| plan_uses(p, &key)).map(|p| p.node.clone()).collect();
+        {
+            let reports = self.reports.lock().unwrap_or_else(|p| p.into_inner());
+            for (node, r) in reports.iter() {
+                if r.applied.as_ref().is_some_and(|a| plan_uses(&a.plan, &key)) {
+                    affected.insert(node.clone());
+                }
+            }
+        }
+        tracing::info!(link = %key, nodes = affected.len(), "link deleted; removing its impairments");
+        self.planner.delete_link(&key);
+        let deadline = Instant::now() + self.ctx.config.cleanup_timeout;
+        self.cleanups.insert(key, PendingCleanup { affected, deadline });
+    }
+
+    /// Releases the finalizer of each deleted link whose nodes are done, or whose wait ran out.
+    pub(super) fn check_cleanups(&mut self) {
+        let reports = self.reports.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let now = Instant::now();
+        for (key, pending) in &self.cleanups {
+            let Some(meta) = self.links.get(key) else { continue };
+            let (note, warn) = match cleanup_state(key, &pending.affected, &self.nodes, &reports) {
+                Cleanup::Done { gone_nodes } if gone_nodes.is_empty() => (None, false),
+                Cleanup::Done { gone_nodes } => (
+                    Some(format!("node(s) {} no longer exist; nothing to clean up there", gone_nodes.join(", "))),
+                    false,
+                ),
+                Cleanup::Waiting { nodes } if now >= pending.deadline => (
+                    Some(format!(
+                        "removed the finalizer after {:?} although node(s) {} did not confirm removing this link's impairments",
+                        self.ctx.config.cleanup_timeout,
+                        nodes.join(", ")
+                    )),
+                    true,
+                ),
+                Cleanup::Waiting { .. } => continue,
+            };
+            let remaining: Vec<String> = meta.finalizers.iter().filter(|f| *f != FINALIZER).cloned().collect();
+            let patch = finalizers_patch(&remaining, meta.resource_version.as_deref());
+            let event = note.map(|note| KubeEvent {
+                type_: if warn { EventType::Warning } else { EventType::Normal },
+                reason: if warn { "CleanupTimedOut" } else { "CleanupSkippedNode" }.into(),
+                note: Some(note),
+                action: "RemoveFinalizer".into(),
+                secondary: None,
+            });
+            self.patch_finalizers(key.clone(), patch, meta.reference.clone(), event);
+        }
+    }
+
+    /// Adds the finalizer to every link that lacks it.
+    pub(super) fn ensure_finalizers(&mut self) {
+        for (key, meta) in &self.links {
+            if meta.deleting || meta.finalizers.iter().any(|f| f == FINALIZER) {
+                continue;
+            }
+            let mut all = meta.finalizers.clone();
+            all.push(FINALIZER.to_owned());
+            let patch = finalizers_patch(&all, meta.resource_version.as_deref());
+            self.patch_finalizers(key.clone(), patch, meta.reference.clone(), None);
+        }
+    }
+
+    /// Patches a link's finalizers in the background, at most one patch per link at a time.
+    fn patch_finalizers(
+        &self,
+        key: ObjectKey,
+        patch: serde_json::Value,
+        reference: ObjectReference,
+        event: Option<KubeEvent>,
+    ) {
+        if !self.finalizer_busy.lock().unwrap_or_else(|p| p.into_inner()).insert(key.clone()) {
+            return;
+        }
+        let ctx = self.ctx.clone();
+        let busy = self.finalizer_busy.clone();
+        tokio::spawn(async move {
+            let api: Api<NetworkLink> = Api::namespaced(ctx.client.clone(), &key.namespace);
+            match api.patch(&key.name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+                Ok(_) => {
+                    tracing::info!(link = %key, finalizers = %patch["metadata"]["finalizers"], "finalizers updated");
+                    if let Some(ev) = event
+                        && let Err(e) = ctx.recorder.publish(&ev, &reference).await
+                    {
+                        tracing::warn!(link = %key, error = %e, "publishing an event");
+                    }
+                }
+                // A conflict means a newer version is on its way through the watch; the next pass retries.
+                Err(e) => tracing::debug!(link = %key, error = %e, "finalizer patch not applied"),
+            }
+            busy.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
+        });
+    }
+}

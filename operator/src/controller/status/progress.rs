@@ -1,0 +1,200 @@
+//! What the agents made of each link's pairs: applied, failed (with the reason per pod) or pending, from each
+//! node's desired plan and the latest report of its agent. Pure.
+
+use std::collections::BTreeMap;
+
+use isthmus_agent_api::{NodePlan, PodErrorKind, PodOutcome, PodPlan};
+
+use crate::api::PodFailure;
+use crate::controller::nodes::NodeReport;
+use crate::failure::FailureReason;
+use crate::index::ObjectKey;
+
+/// What the agents made of one link's pairs.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Progress {
+    pub applied: u32,
+    pub failed: u32,
+    pub failures: Vec<PodFailure>,
+}
+
+/// Sorts every desired pair into applied, failed or (neither) pending, per link, from each node's desired plan
+/// and the latest report of its agent. A pod counts as applied only when the agent confirmed exactly the entry
+/// that is desired now.
+pub fn progress<'a>(
+    desired: impl IntoIterator<Item = &'a NodePlan>,
+    reports: &BTreeMap<String, NodeReport>,
+) -> BTreeMap<ObjectKey, Progress> {
+    let mut out: BTreeMap<ObjectKey, Progress> = BTreeMap::new();
+    for plan in desired {
+        let report = reports.get(&plan.node);
+        for pod in &plan.pods {
+            let confirmed = confirmed_outcome(report, pod);
+            for (link, (pairs, needs_netem)) in pairs_per_link(pod) {
+                let p = out.entry(link).or_default();
+                match confirmed {
+                    Some(PodOutcome::Applied) => p.applied += pairs,
+                    Some(PodOutcome::Failed(err)) => {
+                        p.failed += pairs;
+                        let no_netem = report.and_then(|r| r.capabilities.as_ref()).is_some_and(|c| !c.netem);
+                        let message = if err.kind == PodErrorKind::KernelUnsupported && no_netem && needs_netem {
+                            format!("node {}'s kernel has no sch_netem: latency/loss cannot be applied", plan.node)
+                        } else {
+                            err.message.clone()
+                        };
+                        p.failures.push(failure(&plan.node, pod, err.kind.into(), message));
+                    }
+                    None => {
+                        if let Some(f) = report.and_then(|r| r.failure.as_ref()) {
+                            p.failed += pairs;
+                            p.failures.push(failure(&plan.node, pod, f.reason, f.message.clone()));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The pod's pairs per link, and whether any of them needs netem.
+fn pairs_per_link(pod: &PodPlan) -> BTreeMap<ObjectKey, (u32, bool)> {
+    let mut per_link: BTreeMap<ObjectKey, (u32, bool)> = BTreeMap::new();
+    for d in &pod.destinations {
+        let e = per_link.entry(ObjectKey::new(&d.link.namespace, &d.link.name)).or_default();
+        e.0 += 1;
+        e.1 |= d.impairment.needs_netem();
+    }
+    per_link
+}
+
+/// The agent's outcome for the pod, if the plan it acknowledged holds exactly the pod's desired entry.
+fn confirmed_outcome<'r>(report: Option<&'r NodeReport>, pod: &PodPlan) -> Option<&'r PodOutcome> {
+    let applied = report?.applied.as_ref()?;
+    if !applied.plan.pods.iter().any(|p| p == pod) {
+        return None;
+    }
+    let result =
+        applied.reply.pods.iter().find(|r| r.uid == pod.uid && r.namespace == pod.namespace && r.name == pod.name);
+    result.map(|r| &r.outcome)
+}
+
+fn failure(node: &str, pod: &PodPlan, reason: FailureReason, message: String) -> PodFailure {
+    PodFailure {
+        pod: format!("{}/{}", pod.namespace, pod.name),
+        node: Some(node.to_owned()),
+        reason: reason.to_string(),
+        message,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use isthmus_agent_api::{
+        ApplyReply, Capabilities, DestinationPlan, Direction, Impairment, LinkRef, PodError, PodResult,
+    };
+
+    use super::*;
+    use crate::controller::nodes::{AgentFailure, AppliedPlan};
+
+    fn pod(name: &str, link: &str, dests: u8) -> PodPlan {
+        PodPlan {
+            uid: format!("uid-{name}"),
+            namespace: "ns".into(),
+            name: name.into(),
+            ips: vec!["10.0.0.1".parse().unwrap()],
+            interface: "eth0".into(),
+            host_network: false,
+            destinations: (0..dests)
+                .map(|i| DestinationPlan {
+                    destination: format!("10.0.1.{i}/32").parse().unwrap(),
+                    impairment: Impairment { latency: Some(Duration::from_millis(10)), ..Default::default() },
+                    link: LinkRef { namespace: "ns".into(), name: link.into(), direction: Direction::Forward },
+                })
+                .collect(),
+        }
+    }
+
+    fn plan(node: &str, pods: Vec<PodPlan>) -> NodePlan {
+        NodePlan { node: node.into(), version: 0, pods }
+    }
+
+    fn report(plan: &NodePlan, outcomes: &[(&str, PodOutcome)], netem: bool) -> NodeReport {
+        let caps = Capabilities { netem, htb: true, tbf: true, u32: true, ..Default::default() };
+        let reply = ApplyReply {
+            node: plan.node.clone(),
+            version: 7,
+            stale: false,
+            pods: outcomes
+                .iter()
+                .map(|(name, outcome)| PodResult {
+                    uid: format!("uid-{name}"),
+                    namespace: "ns".into(),
+                    name: (*name).into(),
+                    outcome: outcome.clone(),
+                    mutations: 1,
+                })
+                .collect(),
+            capabilities: caps.clone(),
+        };
+        NodeReport {
+            applied: Some(AppliedPlan { plan: Arc::new(plan.clone()), reply }),
+            failure: None,
+            capabilities: Some(caps),
+        }
+    }
+
+    #[test]
+    fn pairs_count_as_applied_only_when_the_agent_confirmed_the_desired_entry() {
+        let link = ObjectKey::new("ns", "l");
+        let desired = plan("n1", vec![pod("a", "l", 2), pod("b", "l", 3)]);
+        let mut reports = BTreeMap::new();
+        assert_eq!(progress([&desired], &reports).get(&link), Some(&Progress::default()), "no report: all pending");
+
+        reports.insert("n1".into(), report(&desired, &[("a", PodOutcome::Applied), ("b", PodOutcome::Applied)], true));
+        let p = &progress([&desired], &reports)[&link];
+        assert_eq!((p.applied, p.failed), (5, 0));
+
+        // The desired entry of pod b changed since the agent confirmed it: b is pending again.
+        let newer = plan("n1", vec![pod("a", "l", 2), pod("b", "l", 4)]);
+        let p = &progress([&newer], &reports)[&link];
+        assert_eq!((p.applied, p.failed), (2, 0));
+    }
+
+    #[test]
+    fn a_kernel_without_netem_is_named_in_the_failure() {
+        let link = ObjectKey::new("ns", "l");
+        let desired = plan("n1", vec![pod("a", "l", 2)]);
+        let failed =
+            PodOutcome::Failed(PodError { kind: PodErrorKind::KernelUnsupported, message: "EOPNOTSUPP".into() });
+        let reports = BTreeMap::from([("n1".to_string(), report(&desired, &[("a", failed)], false))]);
+        let p = &progress([&desired], &reports)[&link];
+        assert_eq!((p.applied, p.failed), (0, 2));
+        assert_eq!(p.failures[0].reason, "KernelUnsupported");
+        assert_eq!(p.failures[0].message, "node n1's kernel has no sch_netem: latency/loss cannot be applied");
+        assert_eq!(p.failures[0].node.as_deref(), Some("n1"));
+        assert_eq!(p.failures[0].pod, "ns/a");
+    }
+
+    #[test]
+    fn an_unreachable_agent_fails_the_pairs_it_has_not_confirmed() {
+        let link = ObjectKey::new("ns", "l");
+        let desired = plan("n1", vec![pod("a", "l", 2)]);
+        let reports = BTreeMap::from([(
+            "n1".to_string(),
+            NodeReport {
+                failure: Some(AgentFailure {
+                    reason: FailureReason::AgentUnreachable,
+                    message: "connection refused".into(),
+                }),
+                ..Default::default()
+            },
+        )]);
+        let p = &progress([&desired], &reports)[&link];
+        assert_eq!((p.applied, p.failed), (0, 2));
+        assert_eq!(p.failures[0].reason, "AgentUnreachable");
+    }
+}

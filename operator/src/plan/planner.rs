@@ -1,0 +1,180 @@
+//! The incremental planner: the index, each link's cached resolution and each node's cached plan. Events mark
+//! the links they can affect as stale (`events.rs`); [`Planner::recompute`] re-resolves the stale links and
+//! recomputes only the source pods whose entries a changed resolution can affect.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use isthmus_agent_api::NodePlan;
+
+use super::resolve::{EndpointMemo, Resolution, mark_changed_sources, resolve_link_with};
+use super::winner::{LinkStats, PodOutput, compute_pod};
+use crate::index::{Index, ObjectKey};
+
+/// One node's plan (pods sorted by namespace and name) and the counts behind each pod's entry.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub(super) struct NodeState {
+    pub(super) plan: NodePlan,
+    pub(super) link_stats: BTreeMap<ObjectKey, BTreeMap<ObjectKey, LinkStats>>,
+}
+
+impl NodeState {
+    fn position(&self, pod: &ObjectKey) -> Result<usize, usize> {
+        self.plan.pods.binary_search_by(|p| {
+            (p.namespace.as_str(), p.name.as_str()).cmp(&(pod.namespace.as_str(), pod.name.as_str()))
+        })
+    }
+}
+
+/// What an event batch changed.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Changes {
+    /// Nodes whose plan changed (a node whose plan became empty is listed and has no plan any more).
+    pub nodes: Vec<String>,
+    /// Links whose facts may have changed.
+    pub links: Vec<ObjectKey>,
+}
+
+/// The index plus cached resolutions and node plans, updated incrementally.
+#[derive(Debug, Clone, Default)]
+pub struct Planner {
+    pub(super) index: Index,
+    pub(super) resolutions: BTreeMap<ObjectKey, Resolution>,
+    /// Source pod → the links that list it as a source (either direction).
+    pub(super) pod_links: BTreeMap<ObjectKey, BTreeSet<ObjectKey>>,
+    /// Source pod → the node whose plan holds its entry.
+    pub(super) pod_nodes: BTreeMap<ObjectKey, String>,
+    pub(super) nodes: BTreeMap<String, NodeState>,
+    pub(super) dirty_links: BTreeSet<ObjectKey>,
+    pub(super) dirty_pods: BTreeSet<ObjectKey>,
+}
+
+/// Computes every plan from scratch.
+pub fn compute(index: Index) -> Planner {
+    let mut planner = Planner { dirty_links: index.links.keys().cloned().collect(), index, ..Default::default() };
+    planner.recompute();
+    planner
+}
+
+impl Planner {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn index(&self) -> &Index {
+        &self.index
+    }
+
+    /// Brings every cached result up to date with the events since the last call.
+    pub fn recompute(&mut self) -> Changes {
+        let mut changed_links = self.resolve_stale_links();
+        let mut changed_nodes: BTreeSet<String> = BTreeSet::new();
+        for pod in std::mem::take(&mut self.dirty_pods) {
+            self.recompute_pod(pod, &mut changed_nodes, &mut changed_links);
+        }
+        Changes { nodes: changed_nodes.into_iter().collect(), links: changed_links.into_iter().collect() }
+    }
+
+    /// Re-resolves the stale links; returns those whose resolution changed, after marking the source pods
+    /// that the change can affect.
+    fn resolve_stale_links(&mut self) -> BTreeSet<ObjectKey> {
+        let mut changed_links: BTreeSet<ObjectKey> = BTreeSet::new();
+        let mut memo = EndpointMemo::default();
+        for link_key in std::mem::take(&mut self.dirty_links) {
+            let new =
+                self.index.links.get(&link_key).map(|info| resolve_link_with(&self.index, &link_key, info, &mut memo));
+            let old = self.resolutions.remove(&link_key);
+            if old == new {
+                if let Some(old) = old {
+                    self.resolutions.insert(link_key, old);
+                }
+                continue;
+            }
+            changed_links.insert(link_key.clone());
+            mark_changed_sources(old.as_ref(), new.as_ref(), &mut self.dirty_pods);
+            if let Some(old) = &old {
+                for pod in old.source_pods() {
+                    if let Some(set) = self.pod_links.get_mut(pod) {
+                        set.remove(&link_key);
+                        if set.is_empty() {
+                            self.pod_links.remove(pod);
+                        }
+                    }
+                }
+            }
+            if let Some(new) = new {
+                for pod in new.source_pods() {
+                    self.pod_links.entry(pod.clone()).or_default().insert(link_key.clone());
+                }
+                self.resolutions.insert(link_key, new);
+            }
+        }
+        changed_links
+    }
+
+    /// Recomputes one source pod's entry and moves it between node plans when its node or content changed.
+    fn recompute_pod(
+        &mut self,
+        pod: ObjectKey,
+        changed_nodes: &mut BTreeSet<String>,
+        changed_links: &mut BTreeSet<ObjectKey>,
+    ) {
+        let links = self.pod_links.get(&pod);
+        let out = compute_pod(&pod, links.into_iter().flatten().filter_map(|k| self.resolutions.get_key_value(k)));
+        if self.entry_unchanged(&pod, out.as_ref()) {
+            return;
+        }
+        if let Some(node) = self.pod_nodes.remove(&pod) {
+            let state = self.nodes.get_mut(&node).expect("a pod's node has a state");
+            if let Ok(i) = state.position(&pod) {
+                state.plan.pods.remove(i);
+            }
+            if let Some(stats) = state.link_stats.remove(&pod) {
+                changed_links.extend(stats.into_keys());
+            }
+            if state.plan.pods.is_empty() {
+                self.nodes.remove(&node);
+            }
+            changed_nodes.insert(node);
+        }
+        if let Some(out) = out {
+            changed_links.extend(out.link_stats.keys().cloned());
+            let state = self.nodes.entry(out.node.clone()).or_insert_with(|| NodeState {
+                plan: NodePlan { node: out.node.clone(), version: 0, pods: Vec::new() },
+                link_stats: BTreeMap::new(),
+            });
+            match state.position(&pod) {
+                Ok(i) => state.plan.pods[i] = out.plan,
+                Err(i) => state.plan.pods.insert(i, out.plan),
+            }
+            state.link_stats.insert(pod.clone(), out.link_stats);
+            self.pod_nodes.insert(pod, out.node.clone());
+            changed_nodes.insert(out.node);
+        }
+    }
+
+    /// Whether the pod's cached entry (node, plan, counts) is already `out`.
+    fn entry_unchanged(&self, pod: &ObjectKey, out: Option<&PodOutput>) -> bool {
+        let old = self.pod_nodes.get(pod).and_then(|n| {
+            let state = self.nodes.get(n)?;
+            let i = state.position(pod).ok()?;
+            Some((n, &state.plan.pods[i], state.link_stats.get(pod)))
+        });
+        match (old, out) {
+            (None, None) => true,
+            (Some((n, plan, stats)), Some(o)) => {
+                *n == o.node && *plan == o.plan && stats.is_some_and(|s| *s == o.link_stats)
+            }
+            _ => false,
+        }
+    }
+
+    /// The node's plan (version 0: the caller numbers the plans it sends); `None` when nothing on the node is
+    /// impaired, in which case the agent should get an empty plan.
+    pub fn node_plan(&self, node: &str) -> Option<&NodePlan> {
+        self.nodes.get(node).map(|s| &s.plan)
+    }
+
+    pub fn node_plans(&self) -> impl Iterator<Item = &NodePlan> {
+        self.nodes.values().map(|s| &s.plan)
+    }
+}

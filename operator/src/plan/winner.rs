@@ -1,0 +1,134 @@
+//! The overlap rule: where several links give one source pod the same destination, one of them wins the pair —
+//! higher priority, then older, then name; forward before reverse within one link — and every link involved
+//! counts the pairs it won and lost.
+
+use std::collections::btree_map::Entry;
+use std::collections::{BTreeMap, BTreeSet};
+
+use ipnet::IpNet;
+use isthmus_agent_api::{DestinationPlan, Direction, Impairment, LinkRef, PodPlan, default_interface};
+
+use super::resolve::{Resolution, Source};
+use crate::index::{ObjectKey, Rank};
+
+/// A link's pair and overlap counts for one source pod.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LinkStats {
+    /// Pairs this link wins.
+    pub pairs: u32,
+    /// Other link → (pairs won against it, pairs lost to it).
+    pub overlaps: BTreeMap<ObjectKey, (u32, u32)>,
+}
+
+/// One source pod's plan and the per-link counts behind it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PodOutput {
+    pub node: String,
+    pub plan: PodPlan,
+    pub link_stats: BTreeMap<ObjectKey, LinkStats>,
+}
+
+struct Candidate<'a> {
+    link: &'a ObjectKey,
+    rank: &'a Rank,
+    direction: Direction,
+    impairment: &'a Impairment,
+}
+
+impl Candidate<'_> {
+    fn beats(&self, other: &Candidate<'_>) -> bool {
+        (self.rank.sort_key(), self.direction) < (other.rank.sort_key(), other.direction)
+    }
+}
+
+/// Per destination: the first candidate seen and the others.
+type Contest<'a> = BTreeMap<IpNet, (Candidate<'a>, Vec<Candidate<'a>>)>;
+
+/// Computes one source pod's plan from the resolutions of the links that list it as a source; `None` when it
+/// has no destination.
+pub fn compute_pod<'a>(
+    pod: &ObjectKey,
+    links: impl Iterator<Item = (&'a ObjectKey, &'a Resolution)>,
+) -> Option<PodOutput> {
+    let (source, dests) = candidates(pod, links);
+    let source = source?;
+    if dests.is_empty() {
+        return None;
+    }
+    let mut link_stats: BTreeMap<ObjectKey, LinkStats> = BTreeMap::new();
+    let mut destinations = Vec::with_capacity(dests.len());
+    for (dest, (first, others)) in dests {
+        let winner = others.iter().fold(&first, |best, c| if c.beats(best) { c } else { best });
+        count_pair(&mut link_stats, winner.link, &first, &others);
+        destinations.push(DestinationPlan {
+            destination: dest,
+            impairment: winner.impairment.clone(),
+            link: LinkRef {
+                namespace: winner.link.namespace.clone(),
+                name: winner.link.name.clone(),
+                direction: winner.direction,
+            },
+        });
+    }
+    Some(PodOutput {
+        node: source.node.clone(),
+        plan: PodPlan {
+            uid: source.uid.clone(),
+            namespace: pod.namespace.clone(),
+            name: pod.name.clone(),
+            ips: source.ips.clone(),
+            interface: default_interface(),
+            host_network: false,
+            destinations,
+        },
+        link_stats,
+    })
+}
+
+/// The pod as a source (from the first link that lists it) and every link's claim on each of its destinations.
+fn candidates<'a>(
+    pod: &ObjectKey,
+    links: impl Iterator<Item = (&'a ObjectKey, &'a Resolution)>,
+) -> (Option<&'a Source>, Contest<'a>) {
+    let mut source: Option<&Source> = None;
+    let mut dests: Contest<'a> = BTreeMap::new();
+    for (link, res) in links {
+        for (direction, side) in res.sides() {
+            let Some(src) = side.source(pod) else { continue };
+            source.get_or_insert(src);
+            for dest in &side.destinations {
+                // Traffic to the pod's own address never leaves it.
+                if dest.prefix_len() == dest.max_prefix_len() && src.ips.contains(&dest.addr()) {
+                    continue;
+                }
+                let cand = Candidate { link, rank: &res.rank, direction, impairment: &side.impairment };
+                match dests.entry(*dest) {
+                    Entry::Vacant(v) => {
+                        v.insert((cand, Vec::new()));
+                    }
+                    Entry::Occupied(mut o) => o.get_mut().1.push(cand),
+                }
+            }
+        }
+    }
+    (source, dests)
+}
+
+/// Counts one pair for its winner, and the overlap between the winner and each link that lost it.
+fn count_pair(
+    stats: &mut BTreeMap<ObjectKey, LinkStats>,
+    winner: &ObjectKey,
+    first: &Candidate<'_>,
+    others: &[Candidate<'_>],
+) {
+    stats.entry(winner.clone()).or_default().pairs += 1;
+    if others.is_empty() {
+        return;
+    }
+    let losers: BTreeSet<&ObjectKey> =
+        std::iter::once(first).chain(others.iter()).map(|c| c.link).filter(|l| *l != winner).collect();
+    for loser in losers {
+        stats.entry(winner.clone()).or_default().overlaps.entry(loser.clone()).or_default().0 += 1;
+        stats.entry(loser.clone()).or_default().overlaps.entry(winner.clone()).or_default().1 += 1;
+    }
+}

@@ -1,0 +1,166 @@
+//! One controller, as `controller::run` would start it, fed by the test instead of watches: its agent API is
+//! [`FakeAgents`] and its Kubernetes client is [`FakeApiServer`].
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use isthmus_operator::api::NetworkLink;
+use isthmus_operator::controller::nodes::DispatchConfig;
+use isthmus_operator::controller::version::Backoff;
+use isthmus_operator::controller::watch::{AgentSelector, Update, WatchKind};
+use isthmus_operator::controller::{self, Config, Context};
+use isthmus_operator::metrics::Metrics;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::PartialObjectMeta;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::watcher::Event;
+use serde_json::json;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+use super::agent::FakeAgents;
+use super::apiserver::FakeApiServer;
+
+pub const AGENT_PORT: u16 = 9443;
+pub const NS: &str = "team";
+
+pub struct Scenario {
+    pub api: FakeApiServer,
+    pub agents: Arc<FakeAgents>,
+    pub metrics: Arc<Metrics>,
+    pub ready: Arc<AtomicBool>,
+    updates: mpsc::Sender<Update>,
+    leader: watch::Sender<bool>,
+    shutdown: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+/// How the scenarios' dispatchers behave: quick retries, and a resync only where a test asks for one.
+pub fn dispatch(resync: Duration) -> DispatchConfig {
+    DispatchConfig { resync, backoff: Backoff { initial: Duration::from_millis(20), max: Duration::from_millis(200) } }
+}
+
+impl Scenario {
+    /// A controller that leads (or not) and has not seen any watch list yet.
+    pub fn start(leading: bool, dispatch: DispatchConfig) -> Scenario {
+        let (updates, rx) = mpsc::channel(1024);
+        let api = FakeApiServer::new(updates.clone());
+        let client = api.client();
+        let agents = Arc::new(FakeAgents::default());
+        let metrics = Arc::new(Metrics::new());
+        let ready = Arc::new(AtomicBool::new(false));
+        let (leader, leader_rx) = watch::channel(leading);
+        let ctx = Context {
+            recorder: Recorder::new(client.clone(), Reporter { controller: "isthmus-operator".into(), instance: None }),
+            client,
+            metrics: metrics.clone(),
+            agent_api: agents.clone(),
+            config: Config {
+                agent_port: AGENT_PORT,
+                agents: AgentSelector { namespace: None, labels: "app=isthmus-agent".into() },
+                dispatch,
+                cleanup_timeout: Duration::from_secs(60),
+                field_manager: "isthmus-operator".into(),
+            },
+            leader: leader_rx,
+            ready: ready.clone(),
+        };
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let task = tokio::spawn(controller::run_with_updates(ctx, rx, shutdown_rx));
+        Scenario { api, agents, metrics, ready, updates, leader, shutdown, task }
+    }
+
+    /// A leading controller whose watches have all listed an empty cluster.
+    pub async fn synced(dispatch: DispatchConfig) -> Scenario {
+        let s = Scenario::start(true, dispatch);
+        for kind in WatchKind::ALL {
+            s.list(kind, Vec::new()).await;
+        }
+        s.eventually("ready", || s.ready.load(Ordering::Relaxed).then_some(())).await;
+        s
+    }
+
+    pub async fn send(&self, update: Update) {
+        self.updates.send(update).await.expect("the controller runs");
+    }
+
+    /// A watch's (re)list: `Init`, one `InitApply` per object, `InitDone`.
+    pub async fn list(&self, kind: WatchKind, objects: Vec<Update>) {
+        self.send(list_marker(kind, false)).await;
+        for o in objects {
+            self.send(o).await;
+        }
+        self.send(list_marker(kind, true)).await;
+    }
+
+    pub fn set_leading(&self, leading: bool) {
+        self.leader.send_replace(leading);
+    }
+
+    /// A Node object and its ready agent pod (with its own IP); returns the agent's address.
+    pub async fn node_with_agent(&self, node: &str, ip: &str) -> SocketAddr {
+        let addr = SocketAddr::new(ip.parse().unwrap(), AGENT_PORT);
+        self.agents.add(addr, node);
+        let meta: PartialObjectMeta<Node> = serde_json::from_value(json!({"metadata": {"name": node}})).unwrap();
+        self.send(Update::Node(Event::Apply(meta))).await;
+        self.send(Update::Agent(Event::Apply(agent_pod(node, ip, &format!("uid-agent-{node}"))))).await;
+        addr
+    }
+
+    pub async fn create(&self, link: &NetworkLink) {
+        self.api.create(link);
+    }
+
+    pub async fn eventually<T>(&self, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(v) = f() {
+                return v;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "timed out waiting for: {what}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    pub async fn stop(self) {
+        let _ = self.shutdown.send(true);
+        self.task.await.unwrap();
+    }
+}
+
+/// The start (`Init`) or end (`InitDone`) of a list, for any kind.
+fn list_marker(kind: WatchKind, done: bool) -> Update {
+    fn marker<K>(done: bool) -> Event<K> {
+        if done { Event::InitDone } else { Event::Init }
+    }
+    match kind {
+        WatchKind::Link => Update::Link(marker(done)),
+        WatchKind::Pod => Update::Pod(marker(done)),
+        WatchKind::Namespace => Update::Namespace(marker(done)),
+        WatchKind::Service => Update::Service(marker(done)),
+        WatchKind::Agent => Update::Agent(marker(done)),
+        WatchKind::Node => Update::Node(marker(done)),
+    }
+}
+
+/// A running pod with its own network on `node`.
+pub fn pod(name: &str, app: &str, node: &str, ip: &str) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": NS, "uid": format!("uid-{name}"), "labels": {"app": app}},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "none"}]},
+        "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]},
+    }))
+    .unwrap()
+}
+
+pub fn agent_pod(node: &str, ip: &str, uid: &str) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": format!("agent-{node}"), "namespace": "isthmus-system", "uid": uid,
+            "labels": {"app": "isthmus-agent"}},
+        "spec": {"nodeName": node, "containers": [{"name": "agent", "image": "none"}]},
+        "status": {"phase": "Running", "podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]},
+    }))
+    .unwrap()
+}
