@@ -33,7 +33,7 @@
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use isthmus_agent_api::client::{TlsError, TlsFiles, TlsMaterial, crypto_provider};
+use isthmus_agent_api::tls::{TlsError, TlsFiles, TlsMaterial, crypto_provider};
 use rustls::pki_types::ServerName;
 use rustls::server::{ParsedCertificate, ServerConfig, WebPkiClientVerifier};
 

@@ -17,7 +17,7 @@ use isthmus_agent::metrics::Metrics;
 use isthmus_agent::netns::Sources;
 use isthmus_agent::node::{self, Node, NodeConfig};
 use isthmus_agent::server::{self, Health, TlsListener};
-use isthmus_agent_api::client::TlsFiles;
+use isthmus_agent_api::tls::TlsFiles;
 
 #[derive(Debug, Parser)]
 #[command(name = "isthmus-agent", version, about = "isthmus node agent", args_conflicts_with_subcommands = true)]

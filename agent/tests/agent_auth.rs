@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agent_common::{Agent, AgentOptions, OPERATOR, Pki, SERVER_NAME, TempDir, TestCerts, http_get};
-use isthmus_agent_api::client::{ClientError, TlsFiles};
+use isthmus_agent_api::client::ClientError;
+use isthmus_agent_api::tls::TlsFiles;
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -32,9 +33,9 @@ fn start_agent(certs: &TestCerts, work: &TempDir) -> Agent {
 /// A TLS connection that presents no client certificate; returns what the server answered, or the error.
 async fn call_without_client_cert(agent: SocketAddr, ca_pem: &[u8]) -> Result<String, String> {
     let files = TlsFiles { ca: "ca.crt".into(), cert: "-".into(), key: "-".into() };
-    let material = isthmus_agent_api::client::TlsMaterial { ca: ca_pem.to_vec(), cert: vec![], key: vec![] };
+    let material = isthmus_agent_api::tls::TlsMaterial { ca: ca_pem.to_vec(), cert: vec![], key: vec![] };
     let roots = material.root_store(&files).unwrap();
-    let config = rustls::ClientConfig::builder_with_provider(isthmus_agent_api::client::crypto_provider())
+    let config = rustls::ClientConfig::builder_with_provider(isthmus_agent_api::tls::crypto_provider())
         .with_safe_default_protocol_versions()
         .unwrap()
         .with_root_certificates(roots)

@@ -7,6 +7,8 @@
 pub mod client;
 pub mod impairment;
 pub mod plan;
+#[cfg(feature = "tls")]
+pub mod tls;
 
 pub use impairment::{Correlated, Impairment, ImpairmentError, Loss, Percent, Reorder};
 pub use plan::*;
