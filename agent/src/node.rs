@@ -290,10 +290,6 @@ impl Node {
         }))
     }
 
-    pub fn name(&self) -> &str {
-        &self.config.name
-    }
-
     pub fn capabilities(&self) -> &Capabilities {
         &self.capabilities
     }

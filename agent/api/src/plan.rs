@@ -11,8 +11,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::Impairment;
 
-/// The API path prefix and version of the agent's HTTP API.
-pub const API_PREFIX: &str = "/v1";
 /// `PUT` a [`NodePlan`], answered with an [`ApplyReply`].
 pub const PLAN_PATH: &str = "/v1/plan";
 /// `GET` the [`ObservedState`].

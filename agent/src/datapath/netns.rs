@@ -133,17 +133,6 @@ pub(crate) async fn open_in(netns: BorrowedFd<'_>) -> Result<NamespacedSocket, D
     Ok(NamespacedSocket { socket: into_tokio(socket.0), batch: socket.1, netns: netns_id })
 }
 
-/// Opens a route socket in the caller's own namespace.
-pub(crate) fn open_current() -> Result<NamespacedSocket, DatapathError> {
-    let netns = thread_netns_inode().map(identity).map_err(|source| DatapathError::Namespace {
-        netns: "self".into(),
-        action: "read /proc/thread-self/ns/net",
-        source,
-    })?;
-    let (socket, batch) = route_sockets(&netns)?;
-    Ok(NamespacedSocket { socket: into_tokio(socket), batch, netns })
-}
-
 /// Opens a route socket in a brand-new, empty namespace that lives exactly as long as the socket (nothing else
 /// refers to it), so dropping the socket removes it: the scratch space of the capability probe.
 pub(crate) async fn open_scratch() -> Result<NamespacedSocket, DatapathError> {

@@ -109,16 +109,6 @@ impl Datapath {
         Ok(Self::start(socket, Some(held)))
     }
 
-    /// Opens a connection in the caller's own namespace.
-    pub async fn open_current() -> Result<Datapath, DatapathError> {
-        let held = std::fs::File::open("/proc/thread-self/ns/net").map_err(|source| DatapathError::Namespace {
-            netns: "self".into(),
-            action: "open /proc/thread-self/ns/net",
-            source,
-        })?;
-        Ok(Self::start(netns::open_current()?, Some(held.into())))
-    }
-
     /// A connection in a fresh, empty namespace that disappears when the `Datapath` is dropped.
     pub(crate) async fn open_scratch() -> Result<Datapath, DatapathError> {
         Ok(Self::start(netns::open_scratch().await?, None))
