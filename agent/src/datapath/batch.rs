@@ -16,7 +16,6 @@ use netlink_sys::Socket;
 use super::error::{DatapathError, Place};
 use super::model::Operation;
 use super::netlink::{self, KernelError};
-use super::reconcile::{describe, object_kind};
 
 /// Upper bound of one batch's bytes: well below the socket's default send buffer (`wmem_default`, 208 KiB;
 /// `sendmsg` refuses a message larger than the send buffer), large enough that 1,000 destinations take a few
@@ -155,11 +154,11 @@ impl BatchSocket {
         self.next_seq = self.next_seq.wrapping_add(operations.len() as u32).max(1);
         let batches = encode(operations, ifindex, first_seq).map_err(|(index, e)| DatapathError::Protocol {
             place: place.clone(),
-            message: format!("{}: {e}", describe(&operations[index])),
+            message: format!("{}: {e}", operations[index]),
         })?;
         let transport = |index: usize, what: String| DatapathError::Protocol {
             place: place.clone(),
-            message: format!("{}: {what}", describe(&operations[index])),
+            message: format!("{}: {what}", operations[index]),
         };
         // Allocated per call, not kept: the agent holds one socket per pod, and idle pods should cost no buffer.
         let mut receive = Vec::with_capacity(RECEIVE_BYTES);
@@ -182,8 +181,8 @@ impl BatchSocket {
                 let operation = &operations[index];
                 return Err(DatapathError::from_kernel(
                     place.clone(),
-                    describe(operation),
-                    Some(object_kind(operation)),
+                    operation.to_string(),
+                    Some(operation.object().kind_name()),
                     error.code,
                     error.message.unwrap_or_default(),
                 ));

@@ -1,4 +1,5 @@
-//! Installed objects vs desired objects → the ordered operations that turn one into the other. Pure.
+//! Installed objects vs desired objects → the ordered operations that turn one into the other ([`plan`] from a
+//! desired state, [`diff`] from a desired tree). Pure.
 //!
 //! Ordering follows the kernel's rules: deletions first — filters (entries and links before the hash tables
 //! they point into, and before the classes they point to, which the kernel refuses to delete while bound),
@@ -10,9 +11,10 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use ipnet::IpNet;
 
+use super::error::{DatapathError, Place};
 use super::handles::{self, ROOT_MAJOR, ROOT_QDISC, Slot};
 use super::model::*;
-use super::tree;
+use super::tree::{self, DesiredState};
 
 /// What sits at the interface's root.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,16 +41,7 @@ pub fn root_state(installed: &[TcObject]) -> RootState {
         None => RootState::Default,
         Some(q) if q.handle.major() == 0 => RootState::Default,
         Some(q) if q.handle == ROOT_QDISC && matches!(q.kind, QdiscKind::Htb(_)) => RootState::Isthmus,
-        Some(q) => RootState::Foreign { kind: kind_name(&q.kind).to_owned(), handle: q.handle },
-    }
-}
-
-pub fn kind_name(kind: &QdiscKind) -> &str {
-    match kind {
-        QdiscKind::Htb(_) => "htb",
-        QdiscKind::Tbf(_) => "tbf",
-        QdiscKind::Netem(_) => "netem",
-        QdiscKind::Foreign(k) => k,
+        Some(q) => RootState::Foreign { kind: q.kind.name().to_owned(), handle: q.handle },
     }
 }
 
@@ -328,6 +321,20 @@ pub fn diff(installed: &[TcObject], desired: &[TcObject]) -> Vec<Operation> {
         }
     }
     operations
+}
+
+/// The operations that bring the interface holding the isthmus objects `ours` to `desired` (root ownership
+/// already checked).
+pub fn plan(place: &Place, ours: &[TcObject], desired: &DesiredState) -> Result<Vec<Operation>, DatapathError> {
+    let slots =
+        handles::assign_slots(desired.destinations().map(|(d, _)| d), &installed_destinations(ours)).map_err(|e| {
+            DatapathError::invalid(
+                None,
+                "destinations",
+                format!("{} destinations do not fit the {} slots of {}", e.requested, handles::MAX_DESTINATIONS, place),
+            )
+        })?;
+    Ok(diff(ours, &tree::build(desired, &slots)))
 }
 
 /// What the owned objects are once `operations` (from [`diff`]`(installed, …)`) have all succeeded, in dump
@@ -619,19 +626,20 @@ mod tests {
 
     use super::sim::SimKernel;
     use super::*;
-    use crate::datapath::tree::DesiredState;
 
     fn net(s: &str) -> IpNet {
         s.parse().unwrap()
+    }
+
+    fn place() -> Place {
+        Place { netns: "net:[1]".into(), interface: "eth0".into() }
     }
 
     /// One reconcile against the simulated kernel, as the I/O shell does it.
     fn reconcile(kernel: &mut SimKernel, desired: &DesiredState) -> Result<Vec<Operation>, String> {
         let dump = kernel.dump();
         let ours = owned(&dump);
-        let slots = handles::assign_slots(desired.destinations().map(|(d, _)| d), &installed_destinations(&ours))
-            .map_err(|e| format!("{e:?}"))?;
-        let ops = diff(&ours, &tree::build(desired, &slots));
+        let ops = plan(&place(), &ours, desired).map_err(|e| e.to_string())?;
         for op in &ops {
             kernel.apply(op)?;
         }
@@ -760,9 +768,7 @@ mod tests {
         record: &[TcObject],
         desired: &DesiredState,
     ) -> Result<(Vec<Operation>, Option<Vec<TcObject>>), String> {
-        let slots = handles::assign_slots(desired.destinations().map(|(d, _)| d), &installed_destinations(record))
-            .map_err(|e| format!("{e:?}"))?;
-        let ops = diff(record, &tree::build(desired, &slots));
+        let ops = plan(&place(), record, desired).map_err(|e| e.to_string())?;
         for op in &ops {
             kernel.apply(op)?;
         }

@@ -1,10 +1,11 @@
 //! The tc datapath: per-destination impairment trees on one interface in one network namespace.
 //!
 //! Layers, from pure to I/O:
-//! - [`model`]: typed kernel objects (qdiscs, classes, filters) exactly as they are installed and dumped.
+//! - [`model`]: typed kernel objects (qdiscs, classes, filters) exactly as they are installed and dumped, and the
+//!   operations on them, each with its tc name.
 //! - [`handles`]: disjoint handle ranges indexed by a destination's slot; slots stable across reconciles.
 //! - [`tree`]: desired state (destinations → impairments) → the set of objects, with stable handles.
-//! - [`diff`]: installed objects vs desired objects → the minimal ordered list of operations.
+//! - [`diff`]: installed objects vs desired state → the minimal ordered list of operations (`plan`).
 //! - `netlink`: model objects ⇄ rtnetlink messages (hand-encoded htb, tbf, netem), extended acks.
 //! - `batch`: mutations packed many to a `sendmsg` (as `tc -batch` does), refusals matched by sequence number.
 //! - `reconcile`: the thin shell — dump, diff, send (`Datapath::reconcile`), or diff against the record of the

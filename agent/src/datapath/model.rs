@@ -51,6 +51,17 @@ pub enum TcObject {
     Filter(Filter),
 }
 
+impl TcObject {
+    /// The object's kind as tc spells it (`htb`, `netem`, `u32`…), for messages and error classification.
+    pub fn kind_name(&self) -> &str {
+        match self {
+            TcObject::Qdisc(q) => q.kind.name(),
+            TcObject::Class(c) => c.kind.name(),
+            TcObject::Filter(f) => f.kind.name(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Qdisc {
     pub handle: Handle,
@@ -65,6 +76,18 @@ pub enum QdiscKind {
     Netem(Netem),
     /// Any kind isthmus does not install (noqueue, fq_codel, a CNI's own root…), seen only in dumps.
     Foreign(String),
+}
+
+impl QdiscKind {
+    /// `TCA_KIND`: the name tc and the kernel know the kind by.
+    pub fn name(&self) -> &str {
+        match self {
+            QdiscKind::Htb(_) => "htb",
+            QdiscKind::Tbf(_) => "tbf",
+            QdiscKind::Netem(_) => "netem",
+            QdiscKind::Foreign(kind) => kind,
+        }
+    }
 }
 
 /// `TCA_HTB_INIT` (`struct tc_htb_glob`), plus `TCA_HTB_DIRECT_QLEN`.
@@ -87,6 +110,16 @@ pub struct Class {
 pub enum ClassKind {
     Htb(HtbClass),
     Foreign(String),
+}
+
+impl ClassKind {
+    /// `TCA_KIND` of the class's qdisc.
+    pub fn name(&self) -> &str {
+        match self {
+            ClassKind::Htb(_) => "htb",
+            ClassKind::Foreign(kind) => kind,
+        }
+    }
 }
 
 /// An HTB class (`struct tc_htb_opt` + RATE64/CEIL64). Rates in bytes per second; buffers in psched ticks as
@@ -154,6 +187,16 @@ pub enum FilterKind {
     Foreign(String),
 }
 
+impl FilterKind {
+    /// `TCA_KIND` of the classifier.
+    pub fn name(&self) -> &str {
+        match self {
+            FilterKind::U32(_) => "u32",
+            FilterKind::Foreign(kind) => kind,
+        }
+    }
+}
+
 /// A u32 filter node. The same kernel kind serves three roles: a hash table (`divisor` set), a link from one
 /// table into another (`link` + a hashing selector), and a matching entry (`selector` + `class_id`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -197,4 +240,36 @@ pub enum Operation {
     Change(TcObject),
     /// Remove an object (and, for qdiscs and classes, everything below it).
     Delete(TcObject),
+}
+
+impl Operation {
+    /// The object added, changed or deleted.
+    pub fn object(&self) -> &TcObject {
+        match self {
+            Operation::Add(o) | Operation::Change(o) | Operation::Delete(o) => o,
+        }
+    }
+}
+
+/// As tc would say it, for error messages: "add qdisc netem 3000: parent 2000:1".
+impl fmt::Display for Operation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let verb = match self {
+            Operation::Add(_) => "add",
+            Operation::Change(_) => "change",
+            Operation::Delete(_) => "delete",
+        };
+        match self.object() {
+            TcObject::Qdisc(q) => write!(f, "{verb} qdisc {} {} parent {}", q.kind.name(), q.handle, q.parent),
+            TcObject::Class(c) => write!(f, "{verb} class {} parent {}", c.handle, c.parent),
+            TcObject::Filter(filter) => {
+                write!(f, "{verb} filter u32 ")?;
+                match &filter.kind {
+                    FilterKind::U32(u) => write!(f, "{:x}", u.handle)?,
+                    FilterKind::Foreign(kind) => f.write_str(kind)?,
+                }
+                write!(f, " prio {} protocol {:#06x} parent {}", filter.priority, filter.protocol, filter.parent)
+            }
+        }
+    }
 }

@@ -41,7 +41,7 @@ use tracing::{debug, info};
 use super::batch::BatchSocket;
 use super::diff::{self, RootState};
 use super::error::{DatapathError, Place};
-use super::handles::{self, ROOT_QDISC};
+use super::handles::ROOT_QDISC;
 use super::model::*;
 use super::netlink::{self, KernelError};
 use super::netns::{self, NamespacedSocket};
@@ -178,7 +178,7 @@ impl Datapath {
             debug!(netns = %self.netns, interface, was = record.ifindex, now = ifindex, "interface replaced; reconciling from a dump");
             return self.reconcile_from_dump(&mut records, interface, desired).await;
         }
-        let operations = match plan(&place, &record.objects, desired) {
+        let operations = match diff::plan(&place, &record.objects, desired) {
             Ok(operations) => operations,
             Err(error) => {
                 // Nothing was sent: the record still describes the kernel.
@@ -221,7 +221,7 @@ impl Datapath {
             return Ok(ReconcileReport::default());
         }
         let ours = diff::owned(&dump.objects);
-        let operations = plan(&place, &ours, desired)?;
+        let operations = diff::plan(&place, &ours, desired)?;
         let report = report_of(&operations);
         let next = diff::after(ours, &operations);
         self.send(&place, ifindex, operations).await?;
@@ -418,51 +418,6 @@ fn report_of(operations: &[Operation]) -> ReconcileReport {
     }
 }
 
-/// The operations that bring the interface holding the isthmus objects `ours` to `desired` (root ownership
-/// already checked).
-fn plan(place: &Place, ours: &[TcObject], desired: &DesiredState) -> Result<Vec<Operation>, DatapathError> {
-    let slots = handles::assign_slots(desired.destinations().map(|(d, _)| d), &diff::installed_destinations(ours))
-        .map_err(|e| {
-            DatapathError::invalid(
-                None,
-                "destinations",
-                format!("{} destinations do not fit the {} slots of {}", e.requested, handles::MAX_DESTINATIONS, place),
-            )
-        })?;
-    Ok(diff::diff(ours, &tree::build(desired, &slots)))
-}
-
 fn decode_error(place: &Place, e: netlink::DecodeError) -> DatapathError {
     DatapathError::Protocol { place: place.clone(), message: format!("cannot read the installed tree: {e}") }
-}
-
-pub(crate) fn object_kind(op: &Operation) -> &str {
-    let object = match op {
-        Operation::Add(o) | Operation::Change(o) | Operation::Delete(o) => o,
-    };
-    match object {
-        TcObject::Qdisc(q) => diff::kind_name(&q.kind),
-        TcObject::Class(_) => "htb",
-        TcObject::Filter(_) => "u32",
-    }
-}
-
-/// "add qdisc netem 3000: parent 2000:1", for error messages.
-pub(crate) fn describe(op: &Operation) -> String {
-    let (verb, object) = match op {
-        Operation::Add(o) => ("add", o),
-        Operation::Change(o) => ("change", o),
-        Operation::Delete(o) => ("delete", o),
-    };
-    match object {
-        TcObject::Qdisc(q) => format!("{verb} qdisc {} {} parent {}", diff::kind_name(&q.kind), q.handle, q.parent),
-        TcObject::Class(c) => format!("{verb} class {} parent {}", c.handle, c.parent),
-        TcObject::Filter(f) => {
-            let handle = match &f.kind {
-                FilterKind::U32(u) => format!("{:x}", u.handle),
-                FilterKind::Foreign(k) => k.clone(),
-            };
-            format!("{verb} filter u32 {handle} prio {} protocol {:#06x} parent {}", f.priority, f.protocol, f.parent)
-        }
-    }
 }

@@ -192,9 +192,9 @@ fn new_message(object: &TcObject, ifindex: u32) -> Result<RouteNetlinkMessage, E
         TcObject::Qdisc(qdisc) => {
             let mut message = tc_header(ifindex, qdisc.handle.0, qdisc.parent);
             message.attributes = match &qdisc.kind {
-                QdiscKind::Htb(htb) => raw_options("htb", htb::encode_qdisc(htb)?),
-                QdiscKind::Tbf(tbf) => raw_options("tbf", tbf::encode(tbf)?),
-                QdiscKind::Netem(netem) => raw_options("netem", netem::encode(netem)?),
+                QdiscKind::Htb(htb) => raw_options(qdisc.kind.name(), htb::encode_qdisc(htb)?),
+                QdiscKind::Tbf(tbf) => raw_options(qdisc.kind.name(), tbf::encode(tbf)?),
+                QdiscKind::Netem(netem) => raw_options(qdisc.kind.name(), netem::encode(netem)?),
                 QdiscKind::Foreign(kind) => {
                     return Err(EncodeError::Foreign { object: "qdisc", kind: kind.clone() });
                 }
@@ -204,7 +204,7 @@ fn new_message(object: &TcObject, ifindex: u32) -> Result<RouteNetlinkMessage, E
         TcObject::Class(class) => {
             let mut message = tc_header(ifindex, class.handle.0, class.parent);
             message.attributes = match &class.kind {
-                ClassKind::Htb(htb) => raw_options("htb", htb::encode_class(htb)?),
+                ClassKind::Htb(htb) => raw_options(class.kind.name(), htb::encode_class(htb)?),
                 ClassKind::Foreign(kind) => {
                     return Err(EncodeError::Foreign { object: "class", kind: kind.clone() });
                 }
@@ -218,7 +218,7 @@ fn new_message(object: &TcObject, ifindex: u32) -> Result<RouteNetlinkMessage, E
             };
             let mut message = filter_header(ifindex, filter, u32_filter.handle);
             message.attributes = vec![
-                TcAttribute::Kind("u32".to_string()),
+                TcAttribute::Kind(filter.kind.name().to_owned()),
                 TcAttribute::Options(u32::encode(u32_filter).into_iter().map(TcOption::U32).collect()),
             ];
             RouteNetlinkMessage::NewTrafficFilter(message)
@@ -235,13 +235,13 @@ fn delete_message(object: &TcObject, ifindex: u32) -> RouteNetlinkMessage {
             RouteNetlinkMessage::DelTrafficClass(tc_header(ifindex, class.handle.0, class.parent))
         }
         TcObject::Filter(filter) => {
-            let (kind, handle) = match &filter.kind {
-                FilterKind::U32(u) => ("u32", u.handle),
+            let handle = match &filter.kind {
+                FilterKind::U32(u) => u.handle,
                 // A foreign filter's handle is not in the model: handle 0 deletes its whole priority.
-                FilterKind::Foreign(kind) => (kind.as_str(), 0),
+                FilterKind::Foreign(_) => 0,
             };
             let mut message = filter_header(ifindex, filter, handle);
-            message.attributes = vec![TcAttribute::Kind(kind.to_string())];
+            message.attributes = vec![TcAttribute::Kind(filter.kind.name().to_owned())];
             RouteNetlinkMessage::DelTrafficFilter(message)
         }
     }
