@@ -11,8 +11,8 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use agent_common::{Agent, AgentOptions, Fleet, TestCerts};
-use ipnet::IpNet;
-use isthmus_agent_api::{DestinationPlan, Direction, Impairment, LinkRef, NodePlan, PodOutcome, PodPlan};
+use isthmus_agent_api::test_util::{destination, link, pod, rate};
+use isthmus_agent_api::{LinkRef, NodePlan, PodOutcome, PodPlan};
 
 const NODE: &str = "node-bench";
 const PODS: usize = 100;
@@ -23,24 +23,14 @@ fn plan(fleet: &Fleet, version: u64, pods: usize, rate_base: u64) -> NodePlan {
         node: NODE.into(),
         version,
         pods: (0..pods)
-            .map(|i| PodPlan {
-                uid: format!("uid-{i}"),
-                namespace: "bench".into(),
-                name: format!("pod-{i}"),
-                ips: vec![fleet.ips[i]],
-                interface: "eth0".into(),
-                host_network: false,
-                destinations: (0..DESTINATIONS)
-                    .map(|d| DestinationPlan {
-                        destination: IpNet::from(IpAddr::from([10, 245, (d / 250) as u8, (d % 250 + 1) as u8])),
-                        impairment: Impairment { rate_bps: Some(rate_base + d as u64 * 1000), ..Default::default() },
-                        link: LinkRef {
-                            namespace: "bench".into(),
-                            name: format!("link-{d}"),
-                            direction: Direction::Forward,
-                        },
-                    })
-                    .collect(),
+            .map(|i| {
+                let destinations = (0..DESTINATIONS).map(|d| {
+                    let to = IpAddr::from([10, 245, (d / 250) as u8, (d % 250 + 1) as u8]);
+                    let link = LinkRef { namespace: "bench".into(), ..link(&format!("link-{d}")) };
+                    destination(to, rate(rate_base + d as u64 * 1000), link)
+                });
+                let pod = pod(&format!("uid-{i}"), &format!("pod-{i}"), &[fleet.ips[i]], destinations.collect());
+                PodPlan { namespace: "bench".into(), ..pod }
             })
             .collect(),
     }

@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use ipnet::IpNet;
 use isthmus_agent::datapath::{Datapath, DesiredState};
 use isthmus_agent_api::Impairment;
+use isthmus_agent_api::test_util::rate;
 use support::Pair;
 
 fn destination(i: u32) -> Ipv4Addr {
@@ -35,12 +36,9 @@ fn rate_of(i: u32, bump: bool) -> u64 {
 }
 
 fn desired(n: u32, bump_first: bool) -> DesiredState {
-    DesiredState::new((0..n).map(|i| {
-        (
-            IpNet::from(IpAddr::from(destination(i))),
-            Impairment { rate_bps: Some(rate_of(i, bump_first && i == 0)), ..Default::default() },
-        )
-    }))
+    DesiredState::new(
+        (0..n).map(|i| (IpNet::from(IpAddr::from(destination(i))), rate(rate_of(i, bump_first && i == 0)))),
+    )
     .unwrap()
 }
 
@@ -199,12 +197,7 @@ async fn main() {
     let one = DesiredState::new([(target, unshaped.clone())]).unwrap();
     let thousand = DesiredState::new(
         (0..999)
-            .map(|i| {
-                (
-                    IpNet::from(IpAddr::from(destination(i))),
-                    Impairment { rate_bps: Some(rate_of(i, false)), ..Default::default() },
-                )
-            })
+            .map(|i| (IpNet::from(IpAddr::from(destination(i))), rate(rate_of(i, false))))
             .chain([(target, unshaped)]),
     )
     .unwrap();

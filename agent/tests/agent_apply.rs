@@ -10,9 +10,8 @@ use std::process::Command;
 use agent_common::goodput::assert_shaped;
 use agent_common::{Agent, AgentOptions, Ns, TestCerts, http_get, ip, veth};
 use isthmus_agent_api::client::ClientError;
-use isthmus_agent_api::{
-    DestinationPlan, Direction, Impairment, LinkRef, NodePlan, PodErrorKind, PodOutcome, PodPlan, PodResult,
-};
+use isthmus_agent_api::test_util::{destination, link, rate};
+use isthmus_agent_api::{Impairment, NodePlan, PodErrorKind, PodOutcome, PodPlan, PodResult};
 
 const NODE: &str = "node-apply";
 
@@ -20,27 +19,10 @@ fn addr(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
-fn rate(bps: u64) -> Impairment {
-    Impairment { rate_bps: Some(bps), ..Default::default() }
-}
-
-fn link(name: &str) -> LinkRef {
-    LinkRef { namespace: "default".into(), name: name.into(), direction: Direction::Forward }
-}
-
+/// A pod whose destinations were all asked for by link `l1`.
 fn pod(uid: &str, name: &str, ips: &[IpAddr], destinations: Vec<(IpAddr, Impairment)>) -> PodPlan {
-    PodPlan {
-        uid: uid.into(),
-        namespace: "default".into(),
-        name: name.into(),
-        ips: ips.to_vec(),
-        interface: "eth0".into(),
-        host_network: false,
-        destinations: destinations
-            .into_iter()
-            .map(|(ip, impairment)| DestinationPlan { destination: ip.into(), impairment, link: link("l1") })
-            .collect(),
-    }
+    let destinations = destinations.into_iter().map(|(ip, impairment)| destination(ip, impairment, link("l1")));
+    isthmus_agent_api::test_util::pod(uid, name, ips, destinations.collect())
 }
 
 fn outcome<'a>(results: &'a [PodResult], uid: &str) -> &'a PodOutcome {

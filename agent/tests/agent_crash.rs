@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use agent_common::{Agent, AgentOptions, Fleet, TestCerts, count_tc};
 use ipnet::IpNet;
-use isthmus_agent_api::{DestinationPlan, Direction, Impairment, LinkRef, NodePlan, PodOutcome, PodPlan};
+use isthmus_agent_api::test_util::{destination, link, pod, rate};
+use isthmus_agent_api::{NodePlan, PodOutcome};
 
 const NODE: &str = "node-crash";
 const PODS: usize = 50;
@@ -21,24 +22,12 @@ fn plan(fleet: &Fleet, version: u64, pods: usize, shift: usize, rate_base: u64) 
         node: NODE.into(),
         version,
         pods: (0..pods)
-            .map(|i| PodPlan {
-                uid: format!("uid-{i}"),
-                namespace: "default".into(),
-                name: format!("pod-{i}"),
-                ips: vec![fleet.ips[i]],
-                interface: "eth0".into(),
-                host_network: false,
-                destinations: (shift..shift + DESTINATIONS)
-                    .map(|d| DestinationPlan {
-                        destination: IpNet::from(IpAddr::from([10, 243, (d / 250) as u8, (d % 250 + 1) as u8])),
-                        impairment: Impairment { rate_bps: Some(rate_base + d as u64 * 1000), ..Default::default() },
-                        link: LinkRef {
-                            namespace: "default".into(),
-                            name: "big".into(),
-                            direction: Direction::Forward,
-                        },
-                    })
-                    .collect(),
+            .map(|i| {
+                let destinations = (shift..shift + DESTINATIONS).map(|d| {
+                    let to = IpAddr::from([10, 243, (d / 250) as u8, (d % 250 + 1) as u8]);
+                    destination(to, rate(rate_base + d as u64 * 1000), link("big"))
+                });
+                pod(&format!("uid-{i}"), &format!("pod-{i}"), &[fleet.ips[i]], destinations.collect())
             })
             .collect(),
     }

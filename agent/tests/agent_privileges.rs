@@ -8,26 +8,13 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use agent_common::{Agent, AgentOptions, Ns, TestCerts, effective_caps, ip, unique, veth};
-use isthmus_agent_api::{
-    DestinationPlan, Direction, Impairment, LinkRef, NodePlan, PodErrorKind, PodOutcome, PodPlan, PodResult,
-};
+use isthmus_agent_api::test_util::{destination, link, rate};
+use isthmus_agent_api::{NodePlan, PodErrorKind, PodOutcome, PodPlan, PodResult};
 
 const NODE: &str = "node-priv";
 
 fn pod(uid: &str, ip: IpAddr, to: IpAddr) -> PodPlan {
-    PodPlan {
-        uid: uid.into(),
-        namespace: "default".into(),
-        name: uid.into(),
-        ips: vec![ip],
-        interface: "eth0".into(),
-        host_network: false,
-        destinations: vec![DestinationPlan {
-            destination: to.into(),
-            impairment: Impairment { rate_bps: Some(5_000_000), ..Default::default() },
-            link: LinkRef { namespace: "default".into(), name: "l".into(), direction: Direction::Forward },
-        }],
-    }
+    isthmus_agent_api::test_util::pod(uid, uid, &[ip], vec![destination(to, rate(5_000_000), link("l"))])
 }
 
 fn kind(results: &[PodResult], uid: &str) -> Option<PodErrorKind> {

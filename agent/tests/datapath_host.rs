@@ -9,13 +9,10 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 use isthmus_agent::datapath::{DatapathError, DesiredState};
+use isthmus_agent_api::test_util::rate;
 use isthmus_agent_api::{Impairment, PodErrorKind};
 use support::goodput::TCP_PAYLOAD_SHARE;
 use support::{Pair, net, tc};
-
-fn rate(bits_per_sec: u64) -> Impairment {
-    Impairment { rate_bps: Some(bits_per_sec), ..Default::default() }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_10_mbit_destination_gets_10_mbit_and_another_destination_is_unaffected() {

@@ -7,6 +7,8 @@
 pub mod client;
 pub mod impairment;
 pub mod plan;
+#[cfg(feature = "test-util")]
+pub mod test_util;
 #[cfg(feature = "tls")]
 pub mod tls;
 
