@@ -31,8 +31,8 @@ use std::time::Instant;
 use futures::StreamExt;
 use ipnet::IpNet;
 use isthmus_agent_api::{
-    AdoptedTree, ApplyReply, Capabilities, Impairment, LinkRef, NodePlan, ObservedDestination, ObservedPod,
-    ObservedState, PodError, PodErrorKind, PodOutcome, PodPlan, PodResult,
+    AdoptedTree, ApplyReply, Capabilities, Impairment, ImpairmentFields, LinkRef, NodePlan, ObservedDestination,
+    ObservedPod, ObservedState, PodError, PodErrorKind, PodOutcome, PodPlan, PodResult,
 };
 use serde::Deserialize;
 
@@ -91,7 +91,8 @@ impl<'de> Deserialize<'de> for PlanPod {
             }),
             Err(e) => {
                 let (uid, namespace, name) = identity_of(&value);
-                PlanPod::Malformed { uid, namespace, name, message: e.to_string() }
+                let message = invalid_impairment(&value).unwrap_or_else(|| e.to_string());
+                PlanPod::Malformed { uid, namespace, name, message }
             }
         })
     }
@@ -204,7 +205,7 @@ struct PodJob {
 }
 
 fn desired_state(destinations: &[Destination]) -> Result<DesiredState, DatapathError> {
-    DesiredState::new(destinations.iter().map(|(d, impairment, _)| (*d, impairment.as_ref().clone())))
+    DesiredState::new(destinations.iter().map(|(d, impairment, _)| (*d, impairment.clone())))
 }
 
 /// The connection a pod was reconciled on, and the mutations sent.
@@ -786,6 +787,17 @@ fn identity_of(value: &serde_json::Value) -> (String, String, String) {
     (field("uid"), field("namespace"), field("name"))
 }
 
+/// The first destination of a pod entry whose impairment's fields are not a valid impairment, and why: serde's
+/// message names the field inside the impairment but not the destination.
+fn invalid_impairment(pod: &serde_json::Value) -> Option<String> {
+    pod.get("destinations")?.as_array()?.iter().find_map(|entry| {
+        let fields = ImpairmentFields::deserialize(entry.get("impairment")?).ok()?;
+        let error = Impairment::try_from(fields).err()?;
+        let destination = IpNet::deserialize(entry.get("destination")?).ok()?.trunc();
+        Some(format!("destination {destination}: {error}"))
+    })
+}
+
 /// Linux interface names: 1 to 15 bytes, no `/`, no whitespace, not `.` or `..`.
 fn check_interface_name(name: &str) -> Result<(), String> {
     if name.is_empty() || name.len() > 15 {
@@ -923,10 +935,11 @@ mod tests {
                 pod("a", vec![destination("10.0.0.3/32", 1000, "l1"), destination("10.0.0.2/32", 1000, "l1")]),
                 {"uid": "bad", "namespace": "default", "name": "bad", "ips": "not a list"},
                 pod("c", vec![destination("10.0.0.2/32", 2000, "l1")]),
+                pod("zero", vec![destination("10.0.0.1/32", 0, "l1")]),
             ],
         });
         let plan = RawNodePlan::from_json(json.to_string().as_bytes()).unwrap();
-        assert_eq!((plan.node.as_str(), plan.version, plan.pods.len()), ("n", 7, 3));
+        assert_eq!((plan.node.as_str(), plan.version, plan.pods.len()), ("n", 7, 4));
         let PlanPod::Valid { destinations: a, .. } = &plan.pods[0] else { panic!("{:?}", plan.pods[0]) };
         let PlanPod::Valid { destinations: c, .. } = &plan.pods[2] else { panic!("{:?}", plan.pods[2]) };
         assert_eq!(a.iter().map(|d| d.0.to_string()).collect::<Vec<_>>(), ["10.0.0.2/32", "10.0.0.3/32"], "sorted");
@@ -937,6 +950,14 @@ mod tests {
             PlanPod::Malformed { uid, message, .. } => {
                 assert_eq!(uid, "bad");
                 assert!(message.contains("sequence"), "{message}");
+            }
+            other => panic!("expected a malformed pod, got {other:?}"),
+        }
+        // An invalid impairment is the pod's error, naming the destination and the field.
+        match &plan.pods[3] {
+            PlanPod::Malformed { uid, message, .. } => {
+                assert_eq!(uid, "zero");
+                assert!(message.contains("10.0.0.1/32") && message.contains("rate"), "{message}");
             }
             other => panic!("expected a malformed pod, got {other:?}"),
         }

@@ -11,7 +11,7 @@ use agent_common::goodput::assert_shaped;
 use agent_common::{Agent, AgentOptions, Ns, TestCerts, http_get, ip, veth};
 use isthmus_agent_api::client::ClientError;
 use isthmus_agent_api::test_util::{destination, link, rate};
-use isthmus_agent_api::{Impairment, NodePlan, PodErrorKind, PodOutcome, PodPlan, PodResult};
+use isthmus_agent_api::{ApplyReply, Impairment, NodePlan, PodErrorKind, PodOutcome, PodPlan, PodResult};
 
 const NODE: &str = "node-apply";
 
@@ -156,8 +156,7 @@ async fn agent_apply_change_gc_shutdown_adopt_and_cleanup() {
     bad_interface.interface = "nope0".into();
     let mut host = pod("uid-host", "host", &[addr("10.0.0.1")], vec![(t.pod_ip, rate(1_000_000))]);
     host.host_network = true;
-    let mut invalid = pod("uid-inv", "inv", &[t.dst2_ip], vec![(t.pod_ip, rate(1_000_000))]);
-    invalid.destinations[0].impairment = Impairment { burst_bytes: Some(10_000), ..Default::default() };
+    let invalid = pod("uid-inv", "inv", &[t.dst2_ip], vec![(t.pod_ip, rate(1_000_000))]);
     let v3 = NodePlan {
         node: NODE.into(),
         version: 3,
@@ -170,7 +169,12 @@ async fn agent_apply_change_gc_shutdown_adopt_and_cleanup() {
             pod("uid-foreign", "foreign", &[t.dst1_ip], vec![(t.pod_ip, rate(1_000_000))]),
         ],
     };
-    let reply = client.apply(agent.api, &v3).await.unwrap();
+    // A burst without a rate: no Impairment can say that, so the plan goes out as JSON.
+    let mut v3 = serde_json::to_value(&v3).unwrap();
+    v3["pods"][4]["destinations"][0]["impairment"] = serde_json::json!({"burstBytes": 10_000});
+    let (status, body) = certs.put_plan_json(agent.api, &v3).await;
+    assert_eq!(status, 200, "{body}");
+    let reply: ApplyReply = serde_json::from_str(&body).unwrap();
     assert_eq!(outcome(&reply.pods, "uid-p"), &PodOutcome::Applied, "{reply:?}");
     assert_eq!(error_kind(&reply.pods, "uid-gone"), PodErrorKind::PodNotFound);
     assert_eq!(error_kind(&reply.pods, "uid-if"), PodErrorKind::InterfaceNotFound);

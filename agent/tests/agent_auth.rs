@@ -6,14 +6,11 @@ mod agent_common;
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agent_common::{Agent, AgentOptions, OPERATOR, Pki, SERVER_NAME, TempDir, TestCerts, http_get};
+use agent_common::{Agent, AgentOptions, OPERATOR, Pki, SERVER_NAME, TempDir, TestCerts, http_get, tls_exchange};
 use isthmus_agent_api::client::ClientError;
 use isthmus_agent_api::tls::TlsFiles;
-use rustls::pki_types::ServerName;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn start_agent(certs: &TestCerts, work: &TempDir) -> Agent {
     let proc_dir = work.path().join("proc");
@@ -40,17 +37,8 @@ async fn call_without_client_cert(agent: SocketAddr, ca_pem: &[u8]) -> Result<St
         .unwrap()
         .with_root_certificates(roots)
         .with_no_client_auth();
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-    let tcp = tokio::net::TcpStream::connect(agent).await.map_err(|e| e.to_string())?;
-    let mut tls =
-        connector.connect(ServerName::try_from(SERVER_NAME).unwrap(), tcp).await.map_err(|e| e.to_string())?;
-    // With TLS 1.3 the server's refusal arrives after the client's side of the handshake: on first use.
-    tls.write_all(b"GET /v1/capabilities HTTP/1.1\r\nHost: isthmus-agent\r\nConnection: close\r\n\r\n")
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut response = String::new();
-    tls.read_to_string(&mut response).await.map_err(|e| e.to_string())?;
-    Ok(response)
+    let request = b"GET /v1/capabilities HTTP/1.1\r\nHost: isthmus-agent\r\nConnection: close\r\n\r\n";
+    tls_exchange(agent, config, request).await
 }
 
 fn write_client(dir: &Path, trust: &Pki, issuer: &Pki, identity: &str) {

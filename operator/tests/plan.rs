@@ -22,7 +22,7 @@ fn dests(plan: &NodePlan, pod: &str) -> Vec<(String, Option<Duration>, String, D
         plan.pods.iter().find(|p| p.name == pod).unwrap_or_else(|| panic!("{pod} not in the plan of {}", plan.node));
     p.destinations
         .iter()
-        .map(|d| (d.destination.to_string(), d.impairment.latency, d.link.name.clone(), d.link.direction))
+        .map(|d| (d.destination.to_string(), d.impairment.fields().latency, d.link.name.clone(), d.link.direction))
         .collect()
 }
 
@@ -248,7 +248,11 @@ fn reverse_direction_shapes_the_to_pods() {
     assert_eq!(up[0], ("10.0.0.9/32".into(), ms(325), "sat".into(), Direction::Forward));
     let down = p.node_plan("n2").unwrap();
     assert_eq!(dests(down, "api"), vec![("10.0.0.1/32".into(), ms(300), "sat".into(), Direction::Reverse)]);
-    assert_eq!(down.pods[0].destinations[0].impairment.rate_bps, Some(10_000_000), "downlink rate from the profile");
+    assert_eq!(
+        down.pods[0].destinations[0].impairment.fields().rate_bps,
+        Some(10_000_000),
+        "downlink rate from the profile"
+    );
     let facts = p.link_facts(&ObjectKey::new("ns", "sat")).unwrap();
     assert_eq!((facts.source_pods, facts.destinations, facts.pairs), (2, 3, 3));
     let mut status = isthmus_operator::api::NetworkLinkStatus::default();

@@ -1,5 +1,8 @@
-//! One direction's impairment, in physical units, validated on construction.
+//! One direction's impairment, in physical units. An [`Impairment`] is valid by construction: it is made only
+//! from [`ImpairmentFields`] through `TryFrom`, which checks every field once (deserialising one goes the same
+//! way), and it cannot be changed afterwards; code that holds one never checks it again.
 
+use std::hash::{Hash, Hasher};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -18,10 +21,19 @@ impl ImpairmentError {
     }
 }
 
-/// A probability in percent, 0 to 100 inclusive. Constructed only through [`Percent::new`].
+/// A probability in percent, 0 to 100 inclusive. Constructed only through [`Percent::new`], which rules out NaN
+/// and folds -0 into 0, so that equal percentages are equal bit for bit: that makes `Eq` and `Hash` sound.
 #[derive(Debug, Clone, Copy, PartialEq, PartialOrd, Default, Serialize)]
 #[serde(transparent)]
 pub struct Percent(f64);
+
+impl Eq for Percent {}
+
+impl Hash for Percent {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.0.to_bits().hash(state);
+    }
+}
 
 impl Percent {
     pub const ZERO: Percent = Percent(0.0);
@@ -34,7 +46,8 @@ impl Percent {
         if !(0.0..=100.0).contains(&value) {
             return Err(ImpairmentError::new(field, format!("{value}% is outside 0% to 100%")));
         }
-        Ok(Percent(value))
+        // -0.0 + 0.0 is +0.0.
+        Ok(Percent(value + 0.0))
     }
 
     pub fn value(self) -> f64 {
@@ -59,7 +72,7 @@ impl<'de> Deserialize<'de> for Percent {
 }
 
 /// A probability with the correlation to the previous event (netem's simple correlation model).
-#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Correlated {
     pub percent: Percent,
@@ -68,7 +81,7 @@ pub struct Correlated {
 }
 
 /// Packet loss: independent (with correlation) or the Gilbert-Elliott two-state model.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", tag = "model")]
 pub enum Loss {
     Random(Correlated),
@@ -87,7 +100,7 @@ pub enum Loss {
 
 /// Reordering: `percent` of packets (with correlation) are sent at once instead of delayed; with `gap` N, every
 /// Nth packet is the candidate.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Reorder {
     pub percent: Percent,
@@ -97,11 +110,12 @@ pub struct Reorder {
     pub gap: u32,
 }
 
-/// What happens to packets of one direction of a link. All fields optional; `Impairment::default()` is a
-/// link that passes traffic unchanged.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+/// The fields of an impairment as a caller writes them, not yet checked: what becomes an [`Impairment`] through
+/// `Impairment::try_from`, and the impairment's JSON form. All fields optional; the default passes traffic
+/// unchanged.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct Impairment {
+pub struct ImpairmentFields {
     /// One-way delay added to every packet.
     #[serde(default, skip_serializing_if = "Option::is_none", with = "opt_nanos")]
     pub latency: Option<Duration>,
@@ -149,10 +163,42 @@ mod opt_nanos {
 /// netem keeps delays as signed 64-bit nanoseconds; beyond this a value cannot be represented.
 pub const MAX_DELAY: Duration = Duration::from_secs(3600);
 
+/// What happens to packets of one direction of a link: [`ImpairmentFields`] that passed the checks. Read it
+/// through [`Impairment::fields`]; `Impairment::default()` passes traffic unchanged.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(try_from = "ImpairmentFields", into = "ImpairmentFields")]
+pub struct Impairment(ImpairmentFields);
+
 impl Impairment {
+    pub fn fields(&self) -> &ImpairmentFields {
+        &self.0
+    }
+
+    /// True when the impairment needs netem (anything but rate).
+    pub fn needs_netem(&self) -> bool {
+        self.0.needs_netem()
+    }
+}
+
+impl TryFrom<ImpairmentFields> for Impairment {
+    type Error = ImpairmentError;
+
     /// Checks every field against what the kernel can represent and what makes sense, naming the first field
-    /// that is wrong. Deserialized impairments must pass through this before use.
-    pub fn validate(&self) -> Result<(), ImpairmentError> {
+    /// that is wrong.
+    fn try_from(fields: ImpairmentFields) -> Result<Self, ImpairmentError> {
+        fields.check()?;
+        Ok(Impairment(fields))
+    }
+}
+
+impl From<Impairment> for ImpairmentFields {
+    fn from(impairment: Impairment) -> Self {
+        impairment.0
+    }
+}
+
+impl ImpairmentFields {
+    fn check(&self) -> Result<(), ImpairmentError> {
         if let Some(l) = self.latency
             && l > MAX_DELAY
         {
@@ -214,10 +260,6 @@ impl Impairment {
             || self.corrupt.is_some_and(|c| !c.percent.is_zero())
             || self.reorder.is_some_and(|r| !r.percent.is_zero())
     }
-
-    pub fn duplicates(&self) -> bool {
-        self.duplicate.is_some_and(|d| !d.percent.is_zero())
-    }
 }
 
 #[cfg(test)]
@@ -237,22 +279,26 @@ mod tests {
         assert_eq!(Percent::new("loss", 0.0).unwrap().to_kernel(), 0);
     }
 
+    fn check(fields: ImpairmentFields) -> Result<Impairment, ImpairmentError> {
+        Impairment::try_from(fields)
+    }
+
     #[test]
     fn impossible_combinations_are_refused() {
-        let jitter_alone = Impairment { jitter: ms(5), ..Default::default() };
-        assert_eq!(jitter_alone.validate().unwrap_err().field, "jitter");
-        let zero_rate = Impairment { rate_bps: Some(0), ..Default::default() };
-        assert_eq!(zero_rate.validate().unwrap_err().field, "rate");
-        let burst_alone = Impairment { burst_bytes: Some(32_000), ..Default::default() };
-        assert_eq!(burst_alone.validate().unwrap_err().field, "burst");
-        let gap_alone = Impairment {
+        let jitter_alone = ImpairmentFields { jitter: ms(5), ..Default::default() };
+        assert_eq!(check(jitter_alone).unwrap_err().field, "jitter");
+        let zero_rate = ImpairmentFields { rate_bps: Some(0), ..Default::default() };
+        assert_eq!(check(zero_rate).unwrap_err().field, "rate");
+        let burst_alone = ImpairmentFields { burst_bytes: Some(32_000), ..Default::default() };
+        assert_eq!(check(burst_alone).unwrap_err().field, "burst");
+        let gap_alone = ImpairmentFields {
             latency: ms(10),
             reorder: Some(Reorder { percent: Percent::ZERO, correlation: Percent::ZERO, gap: 5 }),
             ..Default::default()
         };
-        assert_eq!(gap_alone.validate().unwrap_err().field, "reorder.gap");
-        let queue = Impairment { queue_limit_packets: Some(0), ..Default::default() };
-        assert_eq!(queue.validate().unwrap_err().field, "queueLimit");
+        assert_eq!(check(gap_alone).unwrap_err().field, "reorder.gap");
+        let queue = ImpairmentFields { queue_limit_packets: Some(0), ..Default::default() };
+        assert_eq!(check(queue).unwrap_err().field, "queueLimit");
     }
 
     #[test]
@@ -262,8 +308,16 @@ mod tests {
     }
 
     #[test]
+    fn deserialization_checks_like_try_from() {
+        let err = serde_json::from_str::<Impairment>(r#"{"burstBytes":32000}"#).unwrap_err();
+        assert!(err.to_string().starts_with("burst: burst given without a rate"), "{err}");
+        let fields: ImpairmentFields = serde_json::from_str(r#"{"burstBytes":32000}"#).unwrap();
+        assert_eq!(fields.burst_bytes, Some(32_000), "the fields alone are not checked");
+    }
+
+    #[test]
     fn json_round_trip() {
-        let i = Impairment {
+        let i = check(ImpairmentFields {
             latency: ms(120),
             jitter: ms(5),
             loss: Some(Loss::Random(Correlated {
@@ -272,9 +326,27 @@ mod tests {
             })),
             rate_bps: Some(100_000_000),
             ..Default::default()
-        };
+        })
+        .unwrap();
         let back: Impairment = serde_json::from_str(&serde_json::to_string(&i).unwrap()).unwrap();
         assert_eq!(back, i);
-        assert!(back.validate().is_ok());
+        assert!(check(back.into()).is_ok());
+    }
+
+    #[test]
+    fn equal_impairments_hash_equal() {
+        let hash = |i: &Impairment| {
+            let mut hasher = std::hash::DefaultHasher::new();
+            i.hash(&mut hasher);
+            hasher.finish()
+        };
+        let lossy = |percent: f64| {
+            let loss =
+                Loss::Random(Correlated { percent: Percent::new("loss", percent).unwrap(), ..Default::default() });
+            check(ImpairmentFields { loss: Some(loss), ..Default::default() }).unwrap()
+        };
+        assert_eq!(lossy(-0.0), lossy(0.0));
+        assert_eq!(hash(&lossy(-0.0)), hash(&lossy(0.0)), "-0 % is 0 %");
+        assert_ne!(lossy(0.1), lossy(0.2));
     }
 }

@@ -12,5 +12,5 @@ pub mod test_util;
 #[cfg(feature = "tls")]
 pub mod tls;
 
-pub use impairment::{Correlated, Impairment, ImpairmentError, Loss, Percent, Reorder};
+pub use impairment::{Correlated, Impairment, ImpairmentError, ImpairmentFields, Loss, Percent, Reorder};
 pub use plan::*;

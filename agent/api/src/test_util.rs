@@ -6,7 +6,7 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
-use crate::{DestinationPlan, Direction, Impairment, LinkRef, PodPlan};
+use crate::{DestinationPlan, Direction, Impairment, ImpairmentFields, LinkRef, PodPlan};
 
 /// The forward direction of the NetworkLink `name` in namespace `default`.
 pub fn link(name: &str) -> LinkRef {
@@ -33,5 +33,11 @@ pub fn pod(uid: &str, name: &str, ips: &[IpAddr], destinations: Vec<DestinationP
 
 /// A bandwidth limit and nothing else: the impairment the host kernel (no netem) can install.
 pub fn rate(bits_per_second: u64) -> Impairment {
-    Impairment { rate_bps: Some(bits_per_second), ..Default::default() }
+    impairment(ImpairmentFields { rate_bps: Some(bits_per_second), ..Default::default() })
+}
+
+/// The impairment with these fields; panics (fails the test) when they are not a valid impairment.
+pub fn impairment(fields: ImpairmentFields) -> Impairment {
+    let described = format!("{fields:?}");
+    Impairment::try_from(fields).unwrap_or_else(|e| panic!("a test impairment is invalid: {e}: {described}"))
 }

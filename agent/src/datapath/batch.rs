@@ -197,7 +197,7 @@ mod tests {
     use std::net::{IpAddr, Ipv4Addr};
 
     use ipnet::IpNet;
-    use isthmus_agent_api::Impairment;
+    use isthmus_agent_api::test_util::rate;
     use netlink_packet_core::NLM_F_CAPPED;
 
     use super::*;
@@ -206,12 +206,10 @@ mod tests {
     use crate::datapath::tree::{self, DesiredState};
 
     fn install(destinations: u32) -> Vec<Operation> {
-        let desired = DesiredState::new((0..destinations).map(|i| {
-            (
-                IpNet::from(IpAddr::from(Ipv4Addr::from(0x0a10_0000 + i))),
-                Impairment { rate_bps: Some(1_000_000 + u64::from(i)), ..Default::default() },
-            )
-        }))
+        let desired = DesiredState::new(
+            (0..destinations)
+                .map(|i| (IpNet::from(IpAddr::from(Ipv4Addr::from(0x0a10_0000 + i))), rate(1_000_000 + u64::from(i)))),
+        )
         .unwrap();
         let slots = desired.destinations().enumerate().map(|(i, (d, _))| (*d, Slot::new(i).unwrap())).collect();
         tree::build(&desired, &slots).into_iter().map(Operation::Add).collect()

@@ -621,7 +621,8 @@ pub(crate) mod sim {
 mod tests {
     use std::time::Duration;
 
-    use isthmus_agent_api::Impairment;
+    use isthmus_agent_api::test_util;
+    use isthmus_agent_api::{Impairment, ImpairmentFields};
     use proptest::prelude::*;
 
     use super::sim::SimKernel;
@@ -660,14 +661,18 @@ mod tests {
     }
 
     fn rate(mbit: u64) -> Impairment {
-        Impairment { rate_bps: Some(mbit * 1_000_000), ..Default::default() }
+        test_util::rate(mbit * 1_000_000)
+    }
+
+    fn with_latency(ms: u64, impairment: Impairment) -> Impairment {
+        test_util::impairment(ImpairmentFields { latency: Some(Duration::from_millis(ms)), ..impairment.into() })
     }
 
     #[test]
     fn same_state_twice_sends_nothing_and_latency_change_is_in_place() {
         let mut k = SimKernel::default();
         let a = DesiredState::new([
-            (net("10.0.0.1/32"), Impairment { latency: Some(Duration::from_millis(10)), ..rate(10) }),
+            (net("10.0.0.1/32"), with_latency(10, rate(10))),
             (net("10.0.0.2/32"), rate(20)),
             (net("10.9.0.0/16"), rate(5)),
         ])
@@ -677,7 +682,7 @@ mod tests {
         assert!(reconcile(&mut k, &a).unwrap().is_empty());
 
         let b = DesiredState::new([
-            (net("10.0.0.1/32"), Impairment { latency: Some(Duration::from_millis(30)), ..rate(10) }),
+            (net("10.0.0.1/32"), with_latency(30, rate(10))),
             (net("10.0.0.2/32"), rate(20)),
             (net("10.9.0.0/16"), rate(5)),
         ])
@@ -726,11 +731,13 @@ mod tests {
 
     fn impairment() -> impl Strategy<Value = Impairment> {
         (prop::option::of(1u64..5000), prop::option::of(0u64..300), prop::option::of(1u32..5000)).prop_map(
-            |(mbit, latency_ms, limit)| Impairment {
-                rate_bps: mbit.map(|m| m * 1_000_000),
-                latency: latency_ms.map(Duration::from_millis),
-                queue_limit_packets: limit,
-                ..Default::default()
+            |(mbit, latency_ms, limit)| {
+                test_util::impairment(ImpairmentFields {
+                    rate_bps: mbit.map(|m| m * 1_000_000),
+                    latency: latency_ms.map(Duration::from_millis),
+                    queue_limit_packets: limit,
+                    ..Default::default()
+                })
             },
         )
     }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use ipnet::IpNet;
-use isthmus_agent_api::{Capabilities, Correlated, Impairment, Percent};
+use isthmus_agent_api::{Capabilities, Correlated, Impairment, ImpairmentFields, Percent};
 use tracing::{info, warn};
 
 use super::error::{DatapathError, Place};
@@ -42,7 +42,7 @@ async fn probe_in_scratch(caps: &mut Capabilities) -> Result<(), DatapathError> 
     let netem_qdisc = Qdisc {
         handle: slot(0).netem(),
         parent: Handle::ROOT,
-        kind: QdiscKind::Netem(tree::netem_for(&Impairment {
+        kind: QdiscKind::Netem(tree::netem_for(&ImpairmentFields {
             latency: Some(Duration::from_millis(1)),
             ..Default::default()
         })),
@@ -51,7 +51,7 @@ async fn probe_in_scratch(caps: &mut Capabilities) -> Result<(), DatapathError> 
         handle: slot(0).tbf(),
         parent: Handle::ROOT,
         kind: QdiscKind::Tbf(
-            tree::tbf_for(&Impairment { rate_bps: Some(1_000_000), ..Default::default() }).expect("rate"),
+            tree::tbf_for(&ImpairmentFields { rate_bps: Some(1_000_000), ..Default::default() }).expect("rate"),
         ),
     };
     caps.tbf = try_root_qdisc(&datapath, &place, ifindex, tbf_qdisc).await?;
@@ -97,14 +97,18 @@ async fn try_root_qdisc(datapath: &Datapath, place: &Place, ifindex: u32, qdisc:
 /// Two destinations on one interface, one of them duplicating: refused by kernels with the
 /// "cannot mix duplicating netems" check (6.16 and some stable backports).
 async fn duplicate_restricted(datapath: &Datapath) -> Result<bool, DatapathError> {
-    let plain = Impairment { latency: Some(Duration::from_millis(1)), ..Default::default() };
-    let duplicating = Impairment {
+    let plain = ImpairmentFields { latency: Some(Duration::from_millis(1)), ..Default::default() };
+    let duplicating = ImpairmentFields {
         duplicate: Some(Correlated {
             percent: Percent::new("duplicate", 1.0).expect("valid"),
             correlation: Percent::ZERO,
         }),
         ..plain.clone()
     };
+    let (plain, duplicating) = (
+        Impairment::try_from(plain).expect("1 ms of latency is valid"),
+        Impairment::try_from(duplicating).expect("1 ms and 1 % duplicates are valid"),
+    );
     let two = DesiredState::new([
         (IpNet::from(std::net::IpAddr::from([192, 0, 2, 1])), plain),
         (IpNet::from(std::net::IpAddr::from([192, 0, 2, 2])), duplicating),

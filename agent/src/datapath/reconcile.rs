@@ -284,9 +284,11 @@ impl Datapath {
                 Some(QdiscKind::Netem(n)) => Some(n),
                 _ => None,
             };
-            (dst, tree::impairment_of(tbf, netem))
+            let impairment = tree::impairment_of(tbf, netem);
+            impairment.map(|i| (dst, i)).map_err(|e| DatapathError::invalid(Some(dst), e.field, e.reason))
         });
-        DesiredState::new(destinations).map(Some).map_err(|e| DatapathError::Protocol {
+        let destinations: Result<Vec<_>, _> = destinations.collect();
+        destinations.and_then(DesiredState::new).map(Some).map_err(|e| DatapathError::Protocol {
             place,
             message: format!("the installed tree does not read back as a valid desired state: {e}"),
         })

@@ -11,6 +11,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use isthmus_agent_api::client::{AgentClient, ClientConfig, TlsFiles};
+use isthmus_agent_api::tls::crypto_provider;
+use rustls::pki_types::ServerName;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[path = "../goodput/mod.rs"]
 pub mod goodput;
@@ -246,6 +249,47 @@ impl TestCerts {
 
     pub fn operator(&self) -> AgentClient {
         self.client_from(&self.dir.0.join("operator"))
+    }
+
+    /// `PUT /v1/plan` of any JSON, with the operator's certificate: for plans the typed client cannot send (an
+    /// invalid impairment cannot be built). Returns the HTTP status and the body.
+    pub async fn put_plan_json(&self, agent: SocketAddr, plan: &serde_json::Value) -> (u16, String) {
+        let files = TlsFiles::in_dir(self.dir.0.join("operator"));
+        let material = files.read().unwrap();
+        let config = rustls::ClientConfig::builder_with_provider(crypto_provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(material.root_store(&files).unwrap())
+            .with_client_auth_cert(material.certificate_chain(&files).unwrap(), material.private_key(&files).unwrap())
+            .unwrap();
+        let body = plan.to_string();
+        let request = format!(
+            "PUT /v1/plan HTTP/1.1\r\nHost: {SERVER_NAME}\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let response = tls_exchange(agent, config, request.as_bytes()).await.unwrap();
+        let code = response.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+        let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+        (code, body)
+    }
+}
+
+/// One request over a new TLS connection to the agent's API; what the server answered (all of it, up to the
+/// connection's end), or the error.
+pub async fn tls_exchange(agent: SocketAddr, config: rustls::ClientConfig, request: &[u8]) -> Result<String, String> {
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(agent).await.map_err(|e| e.to_string())?;
+    let mut tls =
+        connector.connect(ServerName::try_from(SERVER_NAME).unwrap(), tcp).await.map_err(|e| e.to_string())?;
+    // With TLS 1.3 the server's refusal of a client arrives after the client's side of the handshake: on first
+    // use.
+    tls.write_all(request).await.map_err(|e| e.to_string())?;
+    let mut response = Vec::new();
+    match tls.read_to_end(&mut response).await {
+        // A peer that closes without close_notify after a whole answer still answered.
+        Err(e) if response.is_empty() => Err(e.to_string()),
+        _ => Ok(String::from_utf8_lossy(&response).into_owned()),
     }
 }
 

@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use isthmus_agent_api::Impairment;
+use isthmus_agent_api::ImpairmentFields;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -45,8 +45,9 @@ pub struct PresetDirection {
 }
 
 impl PresetDirection {
-    pub fn impairment(self) -> Impairment {
-        Impairment { latency: Some(self.latency), rate_bps: Some(self.rate_bps), ..Default::default() }
+    /// The preset's fields, before the user's overrides and the checks.
+    pub fn impairment(self) -> ImpairmentFields {
+        ImpairmentFields { latency: Some(self.latency), rate_bps: Some(self.rate_bps), ..Default::default() }
     }
 }
 
@@ -98,7 +99,7 @@ mod tests {
             let p: Profile = serde_json::from_value(serde_json::json!(name)).unwrap();
             assert_eq!(p.downlink(), dir(down_k * 1000, down_ms), "{name} downlink");
             assert_eq!(p.uplink(), dir(up_k * 1000, up_ms), "{name} uplink");
-            assert!(p.uplink().impairment().validate().is_ok());
+            assert!(isthmus_agent_api::Impairment::try_from(p.uplink().impairment()).is_ok());
         }
         assert_eq!(table.len(), Profile::ALL.len());
     }

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use isthmus_agent_api::{Correlated, Impairment, ImpairmentError, Loss, Percent, Reorder};
+use isthmus_agent_api::{Correlated, Impairment, ImpairmentError, ImpairmentFields, Loss, Percent, Reorder};
 
 use super::profile::{PresetDirection, Profile};
 use super::quantity::{MAX_BURST_BYTES, MIN_BURST_BYTES};
@@ -121,10 +121,9 @@ fn direction(
     preset: Option<PresetDirection>,
     prefix: &str,
 ) -> Result<Impairment, SpecError> {
-    let mut out = preset.map(PresetDirection::impairment).unwrap_or_default();
+    let mut out: ImpairmentFields = preset.map(PresetDirection::impairment).unwrap_or_default();
     let Some(spec) = spec else {
-        out.validate().map_err(|e| impairment_error(prefix, e))?;
-        return Ok(out);
+        return Impairment::try_from(out).map_err(|e| impairment_error(prefix, e));
     };
     let f = |name: &str| format!("{prefix}.{name}");
     if let Some(v) = &spec.latency {
@@ -164,8 +163,7 @@ fn direction(
     if let Some(q) = spec.queue_limit {
         out.queue_limit_packets = Some(q);
     }
-    out.validate().map_err(|e| impairment_error(prefix, rename_field(e)))?;
-    Ok(out)
+    Impairment::try_from(out).map_err(|e| impairment_error(prefix, rename_field(e)))
 }
 
 /// The agent API names two fields after its own representation; report them as the user wrote them.
@@ -242,10 +240,10 @@ impl ResolvedImpairments {
             None => f(&self.forward),
         };
         let zero = Duration::ZERO;
-        let fwd_latency = self.forward.latency.unwrap_or(zero);
-        let rev_latency = self.reverse.as_ref().and_then(|r| r.latency).unwrap_or(zero);
-        let fwd_jitter = self.forward.jitter.unwrap_or(zero);
-        let rev_jitter = self.reverse.as_ref().and_then(|r| r.jitter).unwrap_or(zero);
+        let fwd_latency = self.forward.fields().latency.unwrap_or(zero);
+        let rev_latency = self.reverse.as_ref().and_then(|r| r.fields().latency).unwrap_or(zero);
+        let fwd_jitter = self.forward.fields().jitter.unwrap_or(zero);
+        let rev_jitter = self.reverse.as_ref().and_then(|r| r.fields().jitter).unwrap_or(zero);
         let jitter = fwd_jitter + rev_jitter;
         let mut rtt = format_duration(fwd_latency + rev_latency);
         if !jitter.is_zero() {
@@ -256,18 +254,18 @@ impl ResolvedImpairments {
         }
         Summary {
             latency: both(&|i| {
-                let base = format_duration(i.latency.unwrap_or(zero));
-                match i.jitter {
+                let base = format_duration(i.fields().latency.unwrap_or(zero));
+                match i.fields().jitter {
                     Some(j) if !j.is_zero() => format!("{base}±{}", format_duration(j)),
                     _ => base,
                 }
             }),
-            loss: both(&|i| match &i.loss {
+            loss: both(&|i| match &i.fields().loss {
                 None => "0%".into(),
                 Some(Loss::Random(c)) => format!("{}%", c.percent.value()),
                 Some(Loss::GilbertElliott { .. }) => "GE".into(),
             }),
-            bandwidth: both(&|i| i.rate_bps.map_or_else(|| "-".into(), format_rate)),
+            bandwidth: both(&|i| i.fields().rate_bps.map_or_else(|| "-".into(), format_rate)),
             expected_round_trip: rtt,
         }
     }
@@ -327,9 +325,9 @@ mod tests {
              reverse: {bandwidth: 20Mbit}\n",
         );
         let r = s.resolve().unwrap();
-        assert_eq!(r.forward.latency, Some(Duration::from_millis(80)));
-        assert_eq!(r.forward.rate_bps, Some(10_000_000), "uplink bandwidth from the profile");
-        let rev = r.reverse.as_ref().unwrap();
+        assert_eq!(r.forward.fields().latency, Some(Duration::from_millis(80)));
+        assert_eq!(r.forward.fields().rate_bps, Some(10_000_000), "uplink bandwidth from the profile");
+        let rev = r.reverse.as_ref().unwrap().fields();
         assert_eq!(rev.latency, Some(Duration::from_millis(50)), "downlink latency from the profile");
         assert_eq!(rev.rate_bps, Some(20_000_000), "explicit reverse overrides the downlink");
         let sum = r.summary();
@@ -429,7 +427,7 @@ mod tests {
         );
         let r = s.resolve().unwrap();
         assert_eq!(
-            r.forward.loss,
+            r.forward.fields().loss,
             Some(Loss::GilbertElliott {
                 p: Percent::new("p", 1.0).unwrap(),
                 r: Percent::new("r", 20.0).unwrap(),
@@ -451,6 +449,7 @@ mod tests {
 /// Random specs built from unit-like strings: resolving never panics, and what resolves is valid for the agent.
 #[cfg(test)]
 mod properties {
+    use isthmus_agent_api::{Impairment, ImpairmentFields};
     use proptest::prelude::*;
 
     use super::super::quantity::PercentValue;
@@ -520,8 +519,9 @@ mod properties {
                 priority: 0,
             };
             if let Ok(r) = spec.resolve() {
-                prop_assert!(r.forward.validate().is_ok());
-                prop_assert!(r.reverse.as_ref().is_none_or(|r| r.validate().is_ok()));
+                let valid = |i: &Impairment| Impairment::try_from(ImpairmentFields::from(i.clone())).is_ok();
+                prop_assert!(valid(&r.forward));
+                prop_assert!(r.reverse.as_ref().is_none_or(valid));
                 prop_assert_eq!(r.reverse.is_some(), spec.has_reverse());
                 let _ = r.summary();
             }

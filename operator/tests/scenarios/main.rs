@@ -37,7 +37,7 @@ fn entries(plan: &NodePlan) -> Vec<(String, String, u128, String, Direction)> {
         .iter()
         .flat_map(|p| {
             p.destinations.iter().map(|d| {
-                let ms = d.impairment.latency.unwrap_or_default().as_millis();
+                let ms = d.impairment.fields().latency.unwrap_or_default().as_millis();
                 (p.name.clone(), d.destination.to_string(), ms, d.link.name.clone(), d.link.direction)
             })
         })

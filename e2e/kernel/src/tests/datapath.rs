@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{Context, ensure};
 use ipnet::IpNet;
 use isthmus_agent::datapath::{Datapath, DesiredState, ReconcileReport, probe};
-use isthmus_agent_api::{Correlated, Impairment, Loss, Percent, PodErrorKind, Reorder};
+use isthmus_agent_api::{Correlated, Impairment, ImpairmentFields, Loss, Percent, PodErrorKind, Reorder};
 
 use super::expect;
 use crate::harness::{Backend, Ctx, Outcome, Test};
@@ -52,15 +52,16 @@ fn chance(v: f64) -> Correlated {
     Correlated { percent: pct(v), correlation: Percent::ZERO }
 }
 
-fn desired(destinations: &[(Ipv4Addr, Impairment)]) -> anyhow::Result<DesiredState> {
-    Ok(DesiredState::new(destinations.iter().map(|(d, i)| (host(*d), i.clone())))?)
+fn desired(destinations: &[(Ipv4Addr, ImpairmentFields)]) -> anyhow::Result<DesiredState> {
+    let checked = destinations.iter().map(|(d, i)| Ok((host(*d), Impairment::try_from(i.clone())?)));
+    Ok(DesiredState::new(checked.collect::<anyhow::Result<Vec<_>>>()?)?)
 }
 
 /// Opens the datapath in namespace `a` and installs `destinations`; logs the report and tc's view.
 fn install(
     ctx: &mut Ctx,
     link: &Link,
-    destinations: &[(Ipv4Addr, Impairment)],
+    destinations: &[(Ipv4Addr, ImpairmentFields)],
 ) -> anyhow::Result<(Datapath, ReconcileReport)> {
     let dp = ctx.runtime.block_on(Datapath::open(link.a.fd())).context("opening the datapath in netns a")?;
     let report = ctx.runtime.block_on(dp.reconcile(SOURCE_IF, &desired(destinations)?)).context("reconcile")?;
@@ -131,7 +132,7 @@ fn duplicate_restricted_per_tc() -> anyhow::Result<bool> {
 fn delay(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
     let link = Link::new("delay", 1)?;
     let dst = link.destinations[0];
-    let imp = Impairment { latency: ms(20), ..Default::default() };
+    let imp = ImpairmentFields { latency: ms(20), ..Default::default() };
     let (dp, _) = install(ctx, &link, &[(dst, imp.clone())])?;
     let qdiscs = link.tc_show("qdisc")?;
     ensure!(
@@ -174,7 +175,7 @@ fn delay(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
 fn jitter(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
     let link = Link::new("jitter", 1)?;
     let dst = link.destinations[0];
-    install(ctx, &link, &[(dst, Impairment { latency: ms(30), jitter: ms(10), ..Default::default() })])?;
+    install(ctx, &link, &[(dst, ImpairmentFields { latency: ms(30), jitter: ms(10), ..Default::default() })])?;
     ctx.with_retries("jitter", |ctx| {
         let r = stream(&link, dst, 7200, &spec(400, 5000, 300))?;
         let s = r.delay()?;
@@ -196,7 +197,7 @@ fn jitter(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
 fn loss_random(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
     let link = Link::new("loss", 1)?;
     let dst = link.destinations[0];
-    install(ctx, &link, &[(dst, Impairment { loss: Some(Loss::Random(chance(10.0))), ..Default::default() })])?;
+    install(ctx, &link, &[(dst, ImpairmentFields { loss: Some(Loss::Random(chance(10.0))), ..Default::default() })])?;
     ctx.with_retries("loss", |ctx| {
         let r = stream(&link, dst, 7300, &spec(2000, 500, 300))?;
         ctx.record("loss_ratio", r.loss_ratio());
@@ -218,7 +219,7 @@ fn loss_gilbert_elliott(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
     let link = Link::new("gemodel", 1)?;
     let dst = link.destinations[0];
     let loss = Loss::GilbertElliott { p: pct(5.0), r: pct(40.0), loss_in_bad: pct(100.0), loss_in_good: pct(0.0) };
-    install(ctx, &link, &[(dst, Impairment { loss: Some(loss), ..Default::default() })])?;
+    install(ctx, &link, &[(dst, ImpairmentFields { loss: Some(loss), ..Default::default() })])?;
     ctx.with_retries("gemodel", |ctx| {
         let r = stream(&link, dst, 7400, &spec(3000, 500, 300))?;
         let bursts = r.loss_bursts();
@@ -251,7 +252,7 @@ fn loss_gilbert_elliott(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
 fn duplicate(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
     let link = Link::new("dup", 1)?;
     let dst = link.destinations[0];
-    install(ctx, &link, &[(dst, Impairment { duplicate: Some(chance(10.0)), ..Default::default() })])?;
+    install(ctx, &link, &[(dst, ImpairmentFields { duplicate: Some(chance(10.0)), ..Default::default() })])?;
     ctx.with_retries("duplicate", |ctx| {
         let r = stream(&link, dst, 7500, &spec(2000, 500, 300))?;
         ctx.record("duplicate_ratio", r.duplicate_ratio());
@@ -267,7 +268,7 @@ fn duplicate(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
 fn corrupt(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
     let link = Link::new("corrupt", 1)?;
     let dst = link.destinations[0];
-    install(ctx, &link, &[(dst, Impairment { corrupt: Some(chance(10.0)), ..Default::default() })])?;
+    install(ctx, &link, &[(dst, ImpairmentFields { corrupt: Some(chance(10.0)), ..Default::default() })])?;
     ctx.with_retries("corrupt", |ctx| {
         let mut s = spec(2000, 500, 300);
         s.payload = 1000;
@@ -290,7 +291,7 @@ fn reorder(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
     let link = Link::new("reorder", 1)?;
     let dst = link.destinations[0];
     let reorder = Reorder { percent: pct(25.0), correlation: Percent::ZERO, gap: 0 };
-    install(ctx, &link, &[(dst, Impairment { latency: ms(20), reorder: Some(reorder), ..Default::default() })])?;
+    install(ctx, &link, &[(dst, ImpairmentFields { latency: ms(20), reorder: Some(reorder), ..Default::default() })])?;
     ctx.with_retries("reorder", |ctx| {
         let r = stream(&link, dst, 7700, &spec(1000, 2000, 300))?;
         let early = r.delays_ms().iter().filter(|d| **d < 10.0).count() as f64 / r.unique_received().max(1) as f64;
@@ -316,7 +317,7 @@ fn rate_tbf(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
     install(
         ctx,
         &link,
-        &[(dst, Impairment { rate_bps: Some(rate), burst_bytes: Some(32_000), ..Default::default() })],
+        &[(dst, ImpairmentFields { rate_bps: Some(rate), burst_bytes: Some(32_000), ..Default::default() })],
     )?;
     let expected = rate as f64 * 1400.0 / (1400 + UDP_L2_OVERHEAD) as f64;
     // set when the last attempt's guest could not even send faster than the rate
@@ -357,8 +358,8 @@ fn per_destination_independence(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
         ctx,
         &link,
         &[
-            (d10, Impairment { latency: ms(10), ..Default::default() }),
-            (d40, Impairment { latency: ms(40), loss: Some(Loss::Random(chance(20.0))), ..Default::default() }),
+            (d10, ImpairmentFields { latency: ms(10), ..Default::default() }),
+            (d40, ImpairmentFields { latency: ms(40), loss: Some(Loss::Random(chance(20.0))), ..Default::default() }),
         ],
     )?;
     ctx.with_retries("independence", |ctx| {
@@ -388,8 +389,8 @@ fn head_of_line_htb(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
         ctx,
         &link,
         &[
-            (slow, Impairment { latency: ms(200), ..Default::default() }),
-            (fast, Impairment { latency: ms(1), ..Default::default() }),
+            (slow, ImpairmentFields { latency: ms(200), ..Default::default() }),
+            (fast, ImpairmentFields { latency: ms(1), ..Default::default() }),
         ],
     )?;
     warm_up(&link, fast, 8000)?;
@@ -437,8 +438,8 @@ fn duplicate_restriction(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
     let restricted = ctx.runtime.block_on(probe()).duplicate_restricted;
     let dp = ctx.runtime.block_on(Datapath::open(link.a.fd()))?;
     let state = desired(&[
-        (dup, Impairment { latency: ms(5), duplicate: Some(chance(10.0)), ..Default::default() }),
-        (plain, Impairment { latency: ms(10), ..Default::default() }),
+        (dup, ImpairmentFields { latency: ms(5), duplicate: Some(chance(10.0)), ..Default::default() }),
+        (plain, ImpairmentFields { latency: ms(10), ..Default::default() }),
     ])?;
     let result = ctx.runtime.block_on(dp.reconcile(SOURCE_IF, &state));
     ctx.log(format!("probe: duplicate_restricted={restricted}; reconcile: {result:?}"));
@@ -482,7 +483,7 @@ fn latency_change_in_place(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
     ctx.with_retries("change", |ctx| {
         let link = Link::new("change", 2)?;
         let (changed, other) = (link.destinations[0], link.destinations[1]);
-        let lat = |v| Impairment { latency: ms(v), ..Default::default() };
+        let lat = |v| ImpairmentFields { latency: ms(v), ..Default::default() };
         let (dp, _) = install(ctx, &link, &[(changed, lat(10)), (other, lat(10))])?;
         warm_up(&link, other, 8200)?;
         warm_up(&link, changed, 8201)?;
@@ -523,7 +524,11 @@ fn latency_change_in_place(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
 fn queue_limit_from_bdp(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
     let link = Link::new("bdp", 1)?;
     let dst = link.destinations[0];
-    install(ctx, &link, &[(dst, Impairment { latency: ms(1500), rate_bps: Some(20_000_000), ..Default::default() })])?;
+    install(
+        ctx,
+        &link,
+        &[(dst, ImpairmentFields { latency: ms(1500), rate_bps: Some(20_000_000), ..Default::default() })],
+    )?;
     warm_up(&link, dst, 8300)?;
     ctx.with_retries("bdp", |ctx| {
         // 16 Mbit/s of 1400-byte payloads for 2 s: about 2,300 packets in netem at once

@@ -94,7 +94,8 @@ mod tests {
     use std::time::Duration;
 
     use isthmus_agent_api::{
-        ApplyReply, Capabilities, DestinationPlan, Direction, Impairment, LinkRef, PodError, PodResult,
+        ApplyReply, Capabilities, DestinationPlan, Direction, Impairment, ImpairmentFields, LinkRef, PodError,
+        PodResult,
     };
 
     use super::*;
@@ -111,7 +112,11 @@ mod tests {
             destinations: (0..dests)
                 .map(|i| DestinationPlan {
                     destination: format!("10.0.1.{i}/32").parse().unwrap(),
-                    impairment: Impairment { latency: Some(Duration::from_millis(10)), ..Default::default() },
+                    impairment: Impairment::try_from(ImpairmentFields {
+                        latency: Some(Duration::from_millis(10)),
+                        ..Default::default()
+                    })
+                    .unwrap(),
                     link: LinkRef { namespace: "ns".into(), name: link.into(), direction: Direction::Forward },
                 })
                 .collect(),
