@@ -1,0 +1,119 @@
+//! Step 1 of an apply: every entry of the plan checked on its own, so that one pod's error is that pod's only;
+//! and the per-pod results the apply reports.
+
+use std::collections::HashSet;
+
+use isthmus_agent_api::{PodError, PodErrorKind, PodOutcome, PodPlan, PodResult};
+
+use super::PodJob;
+use crate::node::plan::PlanPod;
+use crate::node::state::desired_state;
+
+/// The pods of one plan as the apply goes: a result per entry of the plan (`None` while the pod is worked on),
+/// the pods still to reconcile, and the pods whose installed tree stays as it is.
+pub(super) struct Progress {
+    pub results: Vec<Option<PodResult>>,
+    pub jobs: Vec<PodJob>,
+    pub keep_as_is: HashSet<String>,
+}
+
+impl Progress {
+    /// Step 1: every entry checked on its own; of each pod, only what the apply needs is kept.
+    pub fn check(pods: Vec<PlanPod>) -> Self {
+        let mut progress =
+            Progress { results: Vec::with_capacity(pods.len()), jobs: Vec::new(), keep_as_is: HashSet::new() };
+        let mut seen = HashSet::new();
+        for (index, entry) in pods.into_iter().enumerate() {
+            match check_pod(index, entry, &mut seen) {
+                Ok(job) => {
+                    progress.results.push(None);
+                    progress.jobs.push(job);
+                }
+                Err(Refused { result, keep_installed }) => {
+                    if keep_installed {
+                        progress.keep_as_is.insert(result.uid.clone());
+                    }
+                    progress.results.push(Some(result));
+                }
+            }
+        }
+        progress
+    }
+
+    pub fn fail(&mut self, job: &PodJob, kind: PodErrorKind, message: String) {
+        self.results[job.index] = Some(failed_pod(&job.pod, kind, message));
+    }
+
+    pub fn into_results(self) -> Vec<PodResult> {
+        self.results.into_iter().map(|r| r.expect("every pod has a result")).collect()
+    }
+}
+
+/// Why a plan entry is not reconciled, and whether what is installed for the pod stays.
+struct Refused {
+    result: PodResult,
+    keep_installed: bool,
+}
+
+fn check_pod(index: usize, entry: PlanPod, seen: &mut HashSet<String>) -> Result<PodJob, Refused> {
+    let (pod, destinations) = match entry {
+        PlanPod::Valid { pod, destinations } => (pod, destinations),
+        PlanPod::Malformed { uid, namespace, name, message } => {
+            let message = format!("pods[{index}]: {message}");
+            let result = failed(&uid, &namespace, &name, PodErrorKind::InvalidPlan, message);
+            return Err(Refused { result, keep_installed: true });
+        }
+    };
+    let refuse =
+        |kind, message, keep_installed| Err(Refused { result: failed_pod(&pod, kind, message), keep_installed });
+    if !seen.insert(pod.uid.clone()) {
+        return refuse(PodErrorKind::InvalidPlan, format!("pods[{index}].uid: {} appears twice", pod.uid), false);
+    }
+    if pod.host_network {
+        let message = "the pod uses the host network; isthmus never shapes it".to_owned();
+        return refuse(PodErrorKind::HostNetwork, message, false);
+    }
+    if let Err(message) = check_interface_name(&pod.interface) {
+        return refuse(PodErrorKind::InvalidPlan, format!("pods[{index}].interface: {message}"), true);
+    }
+    // Checked here so that the error is the pod's; built again when the pod is reconciled.
+    if let Err(e) = desired_state(&destinations) {
+        return refuse(e.kind(), format!("pods[{index}]: {e}"), true);
+    }
+    Ok(PodJob { index, pod, destinations })
+}
+
+/// Linux interface names: 1 to 15 bytes, no `/`, no whitespace, not `.` or `..`.
+fn check_interface_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > 15 {
+        return Err(format!("{name:?} must be 1 to 15 bytes long"));
+    }
+    if name == "." || name == ".." || name.chars().any(|c| c == '/' || c == ':' || c.is_whitespace()) {
+        return Err(format!("{name:?} is not a valid interface name"));
+    }
+    Ok(())
+}
+
+pub(super) fn applied_pod(pod: &PodPlan, mutations: usize) -> PodResult {
+    PodResult {
+        uid: pod.uid.clone(),
+        namespace: pod.namespace.clone(),
+        name: pod.name.clone(),
+        outcome: PodOutcome::Applied,
+        mutations: mutations as u64,
+    }
+}
+
+fn failed(uid: &str, namespace: &str, name: &str, kind: PodErrorKind, message: String) -> PodResult {
+    PodResult {
+        uid: uid.to_owned(),
+        namespace: namespace.to_owned(),
+        name: name.to_owned(),
+        outcome: PodOutcome::Failed(PodError { kind, message }),
+        mutations: 0,
+    }
+}
+
+pub(super) fn failed_pod(pod: &PodPlan, kind: PodErrorKind, message: String) -> PodResult {
+    failed(&pod.uid, &pod.namespace, &pod.name, kind, message)
+}

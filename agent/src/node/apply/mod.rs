@@ -1,0 +1,294 @@
+//! Applying one plan, step by step: check each pod on its own (one pod's error never blocks another), find the
+//! pods' namespaces, reconcile every pod found on its kept connection or a new one, then make the result the
+//! installed set and remove the trees it no longer covers.
+
+mod check;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::StreamExt;
+use isthmus_agent_api::{ApplyReply, PodErrorKind, PodOutcome, PodPlan, PodResult};
+
+use self::check::{Progress, applied_pod, failed_pod};
+use super::plan::{Destination, RawNodePlan};
+use super::state::{Applied, InstalledPod, Snapshot, desired_state};
+use super::trees::{ReconcilePath, Removal};
+use super::{Node, release_freed_memory};
+use crate::datapath::{Datapath, DatapathError};
+use crate::metrics::PodName;
+use crate::netns::{Netns, NetnsId, PodIdentity, ResolveError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    #[error("node: the plan is for node {got:?} but this agent runs on {expected:?}")]
+    WrongNode { expected: String, got: String },
+    #[error("the apply task failed: {0}")]
+    Task(String),
+}
+
+/// How a plan went, as the applies metric counts it.
+#[derive(Debug, Clone, Copy)]
+enum ApplyOutcome {
+    /// Every pod applied.
+    Applied,
+    /// Some pods failed.
+    Partial,
+    /// Older than the plan in force: nothing done.
+    Stale,
+}
+
+impl ApplyOutcome {
+    fn label(self) -> &'static str {
+        match self {
+            ApplyOutcome::Applied => "applied",
+            ApplyOutcome::Partial => "partial",
+            ApplyOutcome::Stale => "stale",
+        }
+    }
+}
+
+/// A pod ready to be reconciled: its plan without the destinations, which became `destinations`. Its desired
+/// state is built only while it is reconciled, so that an apply holds few at once.
+struct PodJob {
+    /// Its entry in the plan, where its result goes.
+    index: usize,
+    pod: PodPlan,
+    destinations: Vec<Destination>,
+}
+
+/// A pod whose namespace was found, with its kept connection while it is still in the same one.
+struct Found {
+    job: PodJob,
+    netns: Arc<Netns>,
+    kept: Option<Arc<Datapath>>,
+}
+
+/// A reconciled pod: the connection it was reconciled on and the mutations sent.
+struct Reconciled {
+    job: PodJob,
+    netns: Arc<Netns>,
+    outcome: Result<(Arc<Datapath>, usize), DatapathError>,
+}
+
+impl Node {
+    pub(super) async fn apply_inline(&self, raw: RawNodePlan) -> Result<ApplyReply, ApplyError> {
+        let started = Instant::now();
+        if raw.node != self.config.name {
+            return Err(ApplyError::WrongNode { expected: self.config.name.clone(), got: raw.node });
+        }
+        let mut applied = self.applied.lock().await;
+        if let Some(current) = applied.version
+            && raw.version < current
+        {
+            self.metrics.count_apply(ApplyOutcome::Stale.label());
+            tracing::info!(version = raw.version, current, "stale plan ignored");
+            return Ok(self.reply(current, true, applied.last_results.clone()));
+        }
+        let version = raw.version;
+        let mut progress = Progress::check(raw.pods);
+        let found = self.find_namespaces(&mut progress, &applied).await?;
+        let reconciled = self.reconcile_found(found).await;
+        let installed = self.installed_set(reconciled, &applied, &mut progress).await;
+        let removed = self.remove_uncovered(&mut applied, &installed).await;
+        let results = progress.into_results();
+        self.record(version, &results, removed, started);
+        applied.version = Some(version);
+        applied.pods = installed;
+        applied.last_results = results.clone();
+        self.publish(&applied, version);
+        release_freed_memory();
+        Ok(self.reply(version, false, results))
+    }
+
+    /// Step 2: each pod's namespace (blocking /proc work and namespace entering, on a blocking thread); a pod
+    /// not found fails.
+    async fn find_namespaces(&self, progress: &mut Progress, applied: &Applied) -> Result<Vec<Found>, ApplyError> {
+        let identities: Vec<PodIdentity> = progress
+            .jobs
+            .iter()
+            .map(|job| PodIdentity { uid: job.pod.uid.clone(), ips: job.pod.ips.clone() })
+            .collect();
+        let resolver = self.resolver.clone();
+        let mut resolved = tokio::task::spawn_blocking(move || {
+            resolver.lock().unwrap_or_else(|p| p.into_inner()).resolve(&identities)
+        })
+        .await
+        .map_err(|e| ApplyError::Task(e.to_string()))?;
+        let mut found = Vec::new();
+        for job in std::mem::take(&mut progress.jobs) {
+            match resolved.remove(&job.pod.uid) {
+                Some(Ok(netns)) => {
+                    let kept = applied.kept_datapath(&job.pod.uid, &netns);
+                    found.push(Found { job, netns, kept });
+                }
+                Some(Err(e)) => progress.fail(&job, resolve_error_kind(&e), e.to_string()),
+                None => progress.fail(&job, PodErrorKind::PodNotFound, "not resolved".into()),
+            }
+        }
+        Ok(found)
+    }
+
+    /// Step 3: every pod found, reconciled from its connection's record, `parallelism` at once.
+    async fn reconcile_found(&self, found: Vec<Found>) -> Vec<Reconciled> {
+        futures::stream::iter(found)
+            .map(|Found { job, netns, kept }| async move {
+                let outcome = async {
+                    let datapath = match kept {
+                        Some(datapath) => datapath,
+                        None => Arc::new(self.trees.open(&netns).await?),
+                    };
+                    let desired = desired_state(&job.destinations)?;
+                    let mutations =
+                        self.trees.reconcile(&datapath, &job.pod.interface, &desired, ReconcilePath::Record).await?;
+                    Ok((datapath, mutations))
+                }
+                .await;
+                Reconciled { job, netns, outcome }
+            })
+            .buffer_unordered(self.config.parallelism.max(1))
+            .collect()
+            .await
+    }
+
+    /// Step 4: the new installed set, each reconciled pod with its result; a pod whose entry was refused keeps
+    /// what is installed for it.
+    async fn installed_set(
+        &self,
+        reconciled: Vec<Reconciled>,
+        applied: &Applied,
+        progress: &mut Progress,
+    ) -> HashMap<String, Arc<InstalledPod>> {
+        let mut installed = HashMap::new();
+        for Reconciled { job: PodJob { index, pod, destinations }, netns, outcome } in reconciled {
+            let datapath = match outcome {
+                Ok((datapath, mutations)) => {
+                    progress.results[index] = Some(applied_pod(&pod, mutations));
+                    Some(datapath)
+                }
+                Err(e) => {
+                    progress.results[index] = Some(failed_pod(&pod, e.kind(), e.to_string()));
+                    self.datapath_after_failure(&e, applied, &pod.uid, &netns).await
+                }
+            };
+            let Some(datapath) = datapath else { continue };
+            let name = Arc::new(PodName { namespace: pod.namespace, name: pod.name });
+            let entry = InstalledPod { pod: name, interface: pod.interface, netns, datapath, destinations };
+            installed.insert(pod.uid, Arc::new(entry));
+        }
+        for uid in &progress.keep_as_is {
+            if let Some(previous) = applied.pods.get(uid) {
+                installed.entry(uid.clone()).or_insert_with(|| previous.clone());
+            }
+        }
+        installed
+    }
+
+    /// Even a failed reconcile may have installed part of a tree: the pod is remembered, with a connection, so
+    /// that its tree is removed once the plan drops it. Errors found before any change (a foreign root, no such
+    /// interface) leave nothing of ours behind.
+    async fn datapath_after_failure(
+        &self,
+        error: &DatapathError,
+        applied: &Applied,
+        uid: &str,
+        netns: &Netns,
+    ) -> Option<Arc<Datapath>> {
+        if matches!(error.kind(), PodErrorKind::ForeignQdisc | PodErrorKind::InterfaceNotFound) {
+            return None;
+        }
+        match applied.kept_datapath(uid, netns) {
+            Some(datapath) => Some(datapath),
+            None => self.trees.open(netns).await.ok().map(Arc::new),
+        }
+    }
+
+    /// Step 5: the trees the new set no longer covers go — pods that left the plan, the old namespace or
+    /// interface of a pod that moved, adopted trees no plan claims. The previous set goes first: the connections
+    /// of pods that left close as soon as their tree is removed.
+    async fn remove_uncovered(&self, applied: &mut Applied, installed: &HashMap<String, Arc<InstalledPod>>) -> usize {
+        let covered: HashSet<(NetnsId, &str)> =
+            installed.values().map(|p| (p.netns.id(), p.interface.as_str())).collect();
+        let mut removals: HashMap<(NetnsId, String), Removal> = HashMap::new();
+        let previous =
+            applied.pods.drain().map(|(_, p)| (p.netns.clone(), p.interface.clone(), Some(p.datapath.clone())));
+        let adopted = applied.adopted.drain(..).map(|a| (a.netns, a.interface, None));
+        for (netns, interface, datapath) in previous.chain(adopted) {
+            if !covered.contains(&(netns.id(), interface.as_str())) {
+                removals.entry((netns.id(), interface.clone())).or_insert(Removal { netns, interface, datapath });
+            }
+        }
+        self.remove_trees(removals.into_values().collect()).await
+    }
+
+    /// Removes trees where the namespace still exists (a namespace gone with its pod took its tree along).
+    async fn remove_trees(&self, removals: Vec<Removal>) -> usize {
+        if removals.is_empty() {
+            return 0;
+        }
+        let resolver = self.resolver.clone();
+        let ids: Vec<NetnsId> = removals.iter().map(|r| r.netns.id()).collect();
+        let live = tokio::task::spawn_blocking(move || {
+            resolver.lock().unwrap_or_else(|p| p.into_inner()).still_reachable(ids)
+        })
+        .await
+        .unwrap_or_default();
+        let removals = removals.into_iter().filter(|r| live.contains(&r.netns.id())).collect();
+        let mut removed = 0;
+        for (removal, outcome) in self.trees.remove(removals).await {
+            let (netns, interface) = (removal.netns.id(), &removal.interface);
+            match outcome {
+                Ok(()) => {
+                    tracing::info!(%netns, %interface, "removed an isthmus tree the plan no longer wants");
+                    removed += 1;
+                }
+                Err(e) => tracing::warn!(%netns, %interface, error = %e, "could not remove an isthmus tree"),
+            }
+        }
+        self.metrics.trees_removed.inc_by(removed as u64);
+        removed
+    }
+
+    /// The apply in the metrics and the log.
+    fn record(&self, version: u64, results: &[PodResult], removed: usize, started: Instant) {
+        let mut mutations = 0;
+        let mut errors = 0;
+        for r in results {
+            mutations += r.mutations;
+            if let PodOutcome::Failed(e) = &r.outcome {
+                errors += 1;
+                self.metrics.count_pod_error(e.kind);
+                tracing::warn!(pod = %format!("{}/{}", r.namespace, r.name), uid = %r.uid, kind = ?e.kind, error = %e.message, "pod not applied");
+            }
+        }
+        let outcome = if errors == 0 { ApplyOutcome::Applied } else { ApplyOutcome::Partial };
+        self.metrics.mutations.inc_by(mutations);
+        self.metrics.pods_in_plan.set(results.len() as i64);
+        self.metrics.count_apply(outcome.label());
+        self.metrics.apply_duration_seconds.observe(started.elapsed().as_secs_f64());
+        let elapsed_ms = started.elapsed().as_millis() as u64;
+        tracing::info!(version, pods = results.len(), errors, mutations, removed, elapsed_ms, "plan applied");
+    }
+
+    /// Makes the installed set what observe and the metrics read.
+    fn publish(&self, applied: &Applied, version: u64) {
+        let mut pods: Vec<(String, Arc<InstalledPod>)> =
+            applied.pods.iter().map(|(uid, pod)| (uid.clone(), pod.clone())).collect();
+        pods.sort_by(|a, b| a.0.cmp(&b.0));
+        *self.snapshot.write().unwrap_or_else(|p| p.into_inner()) =
+            Arc::new(Snapshot { version, pods, adopted: Vec::new() });
+    }
+
+    fn reply(&self, version: u64, stale: bool, pods: Vec<PodResult>) -> ApplyReply {
+        ApplyReply { node: self.config.name.clone(), version, stale, pods, capabilities: self.capabilities.clone() }
+    }
+}
+
+fn resolve_error_kind(error: &ResolveError) -> PodErrorKind {
+    match error {
+        ResolveError::HostNetwork(_) => PodErrorKind::HostNetwork,
+        ResolveError::NoIps => PodErrorKind::InvalidPlan,
+        _ => PodErrorKind::PodNotFound,
+    }
+}

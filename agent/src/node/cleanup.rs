@@ -1,0 +1,32 @@
+//! The cleanup mode (the chart's uninstall hook): every isthmus tree on every interface of every namespace the
+//! agent can reach is removed; nothing isthmus did not install is touched.
+
+use std::sync::Arc;
+
+use super::adopt::find_installed;
+use super::trees::{Removal, Trees};
+use crate::metrics::Metrics;
+use crate::netns::Sources;
+
+/// Removes every isthmus tree on the node. Returns how many trees were removed; trees that could not be
+/// removed are reported as errors.
+pub async fn cleanup(sources: &Sources, parallelism: usize) -> std::io::Result<(usize, Vec<String>)> {
+    let installed = find_installed(sources, None, parallelism).await?;
+    // The cleanup mode serves no metrics: what it counts goes with it.
+    let trees = Trees::new(Arc::new(Metrics::new()), parallelism);
+    let removals =
+        installed.into_iter().map(|e| Removal { netns: e.netns, interface: e.interface, datapath: None }).collect();
+    let mut removed = 0;
+    let mut errors = Vec::new();
+    for (removal, outcome) in trees.remove(removals).await {
+        let (netns, interface) = (removal.netns.id(), &removal.interface);
+        match outcome {
+            Ok(()) => {
+                tracing::info!(%netns, %interface, "removed isthmus tree");
+                removed += 1;
+            }
+            Err(e) => errors.push(format!("{netns} {interface}: {e}")),
+        }
+    }
+    Ok((removed, errors))
+}

@@ -1,0 +1,181 @@
+//! The plan's JSON, decoded pod by pod so that one malformed pod does not reject the whole plan, and compactly:
+//! each destination keeps its address plus an impairment and a link shared with every other destination of the
+//! plan that has the same one.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use ipnet::IpNet;
+use isthmus_agent_api::{Impairment, ImpairmentFields, LinkRef, NodePlan, PodPlan};
+use serde::Deserialize;
+
+/// A plan whose pods are parsed one by one, so that one malformed pod does not reject the whole plan.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RawNodePlan {
+    pub node: String,
+    pub version: u64,
+    #[serde(default)]
+    pub pods: Vec<PlanPod>,
+}
+
+/// One entry of a plan's `pods`.
+#[derive(Debug)]
+pub enum PlanPod {
+    /// `pod.destinations` is empty: they are in `destinations`, sorted by destination, each impairment and link
+    /// shared with every other destination of the plan that has the same one.
+    Valid { pod: PodPlan, destinations: Vec<Destination> },
+    /// The entry is not a valid pod plan: `message` says which field and why; the identity is what could be read.
+    Malformed { uid: String, namespace: String, name: String, message: String },
+}
+
+/// One destination of a pod, compact: 10,000 of them are held for a node of 100 pods.
+pub type Destination = (IpNet, Arc<Impairment>, Arc<LinkRef>);
+
+thread_local! {
+    /// The interner of the plan being parsed on this thread (see [`RawNodePlan::from_json`]).
+    static PARSE_INTERNER: std::cell::RefCell<Option<Interner>> = const { std::cell::RefCell::new(None) };
+}
+
+impl PlanPod {
+    fn valid(mut pod: PodPlan, interner: &mut Interner) -> Self {
+        let mut destinations: Vec<Destination> = std::mem::take(&mut pod.destinations)
+            .into_iter()
+            .map(|d| (d.destination, interner.impairment(d.impairment), interner.link(d.link)))
+            .collect();
+        destinations.sort_by_key(|d| d.0);
+        PlanPod::Valid { pod, destinations }
+    }
+}
+
+impl<'de> Deserialize<'de> for PlanPod {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        // One pod's JSON as a value tree (kilobytes), then typed and made compact; the value tree of the whole
+        // plan (several times its JSON) and its typed destinations (280 bytes each) are never held at once.
+        let value = serde_json::Value::deserialize(deserializer)?;
+        Ok(match PodPlan::deserialize(&value) {
+            Ok(pod) => PARSE_INTERNER.with_borrow_mut(|interner| match interner {
+                Some(interner) => PlanPod::valid(pod, interner),
+                None => PlanPod::valid(pod, &mut Interner::default()),
+            }),
+            Err(e) => {
+                let (uid, namespace, name) = identity_of(&value);
+                let message = invalid_impairment(&value).unwrap_or_else(|| e.to_string());
+                PlanPod::Malformed { uid, namespace, name, message }
+            }
+        })
+    }
+}
+
+impl RawNodePlan {
+    /// Parses a plan, sharing equal impairments and links between all its pods.
+    pub fn from_json(json: &[u8]) -> Result<Self, serde_json::Error> {
+        PARSE_INTERNER.set(Some(Interner::default()));
+        let plan = serde_json::from_slice(json);
+        PARSE_INTERNER.set(None);
+        plan
+    }
+}
+
+impl From<&NodePlan> for RawNodePlan {
+    fn from(plan: &NodePlan) -> Self {
+        let mut interner = Interner::default();
+        Self {
+            node: plan.node.clone(),
+            version: plan.version,
+            pods: plan.pods.iter().cloned().map(|pod| PlanPod::valid(pod, &mut interner)).collect(),
+        }
+    }
+}
+
+/// The links and impairments of one plan, each kept once: 10,000 destinations asked for by 100 links hold 100
+/// `LinkRef`s and as many distinct impairments as the plan has.
+#[derive(Default)]
+struct Interner {
+    links: HashSet<Arc<LinkRef>>,
+    /// Keyed by their `Debug` text: `Impairment` holds floats, so it is neither `Eq` nor `Hash`; the text is
+    /// exact (floats print round-trip) and validated impairments hold no NaN.
+    impairments: HashMap<String, Arc<Impairment>>,
+}
+
+impl Interner {
+    fn link(&mut self, link: LinkRef) -> Arc<LinkRef> {
+        if let Some(existing) = self.links.get(&link) {
+            return existing.clone();
+        }
+        let link = Arc::new(link);
+        self.links.insert(link.clone());
+        link
+    }
+
+    fn impairment(&mut self, impairment: Impairment) -> Arc<Impairment> {
+        self.impairments.entry(format!("{impairment:?}")).or_insert_with(|| Arc::new(impairment)).clone()
+    }
+}
+
+/// The pod's identity from a pod entry that did not parse, as far as it can be read.
+fn identity_of(value: &serde_json::Value) -> (String, String, String) {
+    let field = |name: &str| value.get(name).and_then(|v| v.as_str()).unwrap_or_default().to_owned();
+    (field("uid"), field("namespace"), field("name"))
+}
+
+/// The first destination of a pod entry whose impairment's fields are not a valid impairment, and why: serde's
+/// message names the field inside the impairment but not the destination.
+fn invalid_impairment(pod: &serde_json::Value) -> Option<String> {
+    pod.get("destinations")?.as_array()?.iter().find_map(|entry| {
+        let fields = ImpairmentFields::deserialize(entry.get("impairment")?).ok()?;
+        let error = Impairment::try_from(fields).err()?;
+        let destination = IpNet::deserialize(entry.get("destination")?).ok()?.trunc();
+        Some(format!("destination {destination}: {error}"))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plan_parses_pod_by_pod_and_shares_equal_links_and_impairments() {
+        let destination = |ip: &str, rate: u64, link: &str| {
+            serde_json::json!({
+                "destination": ip,
+                "impairment": {"rateBps": rate},
+                "link": {"namespace": "default", "name": link, "direction": "forward"},
+            })
+        };
+        let pod = |uid: &str, destinations: Vec<serde_json::Value>| serde_json::json!({"uid": uid, "namespace": "default", "name": uid, "ips": ["10.0.0.1"], "destinations": destinations});
+        let json = serde_json::json!({
+            "node": "n",
+            "version": 7,
+            "pods": [
+                pod("a", vec![destination("10.0.0.3/32", 1000, "l1"), destination("10.0.0.2/32", 1000, "l1")]),
+                {"uid": "bad", "namespace": "default", "name": "bad", "ips": "not a list"},
+                pod("c", vec![destination("10.0.0.2/32", 2000, "l1")]),
+                pod("zero", vec![destination("10.0.0.1/32", 0, "l1")]),
+            ],
+        });
+        let plan = RawNodePlan::from_json(json.to_string().as_bytes()).unwrap();
+        assert_eq!((plan.node.as_str(), plan.version, plan.pods.len()), ("n", 7, 4));
+        let PlanPod::Valid { destinations: a, .. } = &plan.pods[0] else { panic!("{:?}", plan.pods[0]) };
+        let PlanPod::Valid { destinations: c, .. } = &plan.pods[2] else { panic!("{:?}", plan.pods[2]) };
+        assert_eq!(a.iter().map(|d| d.0.to_string()).collect::<Vec<_>>(), ["10.0.0.2/32", "10.0.0.3/32"], "sorted");
+        assert!(Arc::ptr_eq(&a[0].2, &a[1].2) && Arc::ptr_eq(&a[0].2, &c[0].2), "one link, one allocation");
+        assert!(Arc::ptr_eq(&a[0].1, &a[1].1), "equal impairments share one allocation");
+        assert!(!Arc::ptr_eq(&a[0].1, &c[0].1), "different impairments do not");
+        match &plan.pods[1] {
+            PlanPod::Malformed { uid, message, .. } => {
+                assert_eq!(uid, "bad");
+                assert!(message.contains("sequence"), "{message}");
+            }
+            other => panic!("expected a malformed pod, got {other:?}"),
+        }
+        // An invalid impairment is the pod's error, naming the destination and the field.
+        match &plan.pods[3] {
+            PlanPod::Malformed { uid, message, .. } => {
+                assert_eq!(uid, "zero");
+                assert!(message.contains("10.0.0.1/32") && message.contains("rate"), "{message}");
+            }
+            other => panic!("expected a malformed pod, got {other:?}"),
+        }
+    }
+}

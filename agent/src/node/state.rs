@@ -1,0 +1,85 @@
+//! What is installed, as the node's jobs share it: the pods of the plan in force with their connections, the
+//! trees adopted at start-up, and the snapshot that observe and the metrics read without waiting for an apply.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use ipnet::IpNet;
+use isthmus_agent_api::{LinkRef, PodResult};
+
+use super::plan::Destination;
+use crate::datapath::{Datapath, DatapathError, DesiredState};
+use crate::metrics::PodName;
+use crate::netns::Netns;
+
+/// One pod's tree as installed by the plan in force, with the connection that installed it.
+pub(super) struct InstalledPod {
+    /// Namespace and name, shared with the link metrics.
+    pub pod: Arc<PodName>,
+    pub interface: String,
+    pub netns: Arc<Netns>,
+    /// Kept across plans while the pod stays in the same namespace; its record makes the next plan cheap.
+    pub datapath: Arc<Datapath>,
+    /// What the plan asked for, per destination (sorted): the impairment and the link that asked for it, each
+    /// shared with every destination that has the same one. The resync brings the kernel back to it.
+    pub destinations: Vec<Destination>,
+}
+
+impl std::fmt::Debug for InstalledPod {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InstalledPod")
+            .field("pod", &self.pod)
+            .field("interface", &self.interface)
+            .field("netns", &self.netns.id())
+            .field("destinations", &self.destinations.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl InstalledPod {
+    pub fn link(&self, destination: &IpNet) -> Option<&Arc<LinkRef>> {
+        self.destinations.binary_search_by(|(d, _, _)| d.cmp(destination)).ok().map(|i| &self.destinations[i].2)
+    }
+
+    pub fn desired(&self) -> Result<DesiredState, DatapathError> {
+        desired_state(&self.destinations)
+    }
+}
+
+pub(super) fn desired_state(destinations: &[Destination]) -> Result<DesiredState, DatapathError> {
+    DesiredState::new(destinations.iter().map(|(d, impairment, _)| (*d, impairment.clone())))
+}
+
+/// A tree found installed at start-up, kept as it is until the first plan says whether it is wanted.
+#[derive(Debug, Clone)]
+pub(super) struct AdoptedEntry {
+    pub netns: Arc<Netns>,
+    pub interface: String,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct Applied {
+    /// None until the first plan.
+    pub version: Option<u64>,
+    pub pods: HashMap<String, Arc<InstalledPod>>,
+    pub adopted: Vec<AdoptedEntry>,
+    pub last_results: Vec<PodResult>,
+}
+
+impl Applied {
+    /// The pod's connection, while the pod is still in the namespace it was opened in.
+    pub fn kept_datapath(&self, uid: &str, netns: &Netns) -> Option<Arc<Datapath>> {
+        self.pods
+            .get(uid)
+            .filter(|previous| previous.netns.id() == netns.id())
+            .map(|previous| previous.datapath.clone())
+    }
+}
+
+/// What observe and the metrics read, replaced at the end of each apply.
+#[derive(Debug, Default)]
+pub(super) struct Snapshot {
+    pub version: u64,
+    pub pods: Vec<(String, Arc<InstalledPod>)>,
+    pub adopted: Vec<AdoptedEntry>,
+}

@@ -1,0 +1,121 @@
+//! The node's one way to work on a tree: open a datapath in a namespace, reconcile an interface (in full or from
+//! the connection's record), read its counters, remove it. Applying, resyncing, observing and the cleanup mode
+//! all go through here, so each is done and counted the same way.
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use ipnet::IpNet;
+use isthmus_agent_api::Counters;
+
+use crate::datapath::{Datapath, DatapathError, DesiredState};
+use crate::metrics::Metrics;
+use crate::netns::Netns;
+
+/// Which way a pod is reconciled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ReconcilePath {
+    /// Dump, diff, send: the resync, removals, and every call on a fresh connection.
+    Full,
+    /// Diff against the connection's record and send (the full path when it has none).
+    Record,
+}
+
+impl ReconcilePath {
+    fn label(self) -> &'static str {
+        match self {
+            ReconcilePath::Full => "full",
+            ReconcilePath::Record => "record",
+        }
+    }
+}
+
+/// A tree to remove: where it is, and the pod's connection there if it had one.
+pub(super) struct Removal {
+    pub netns: Arc<Netns>,
+    pub interface: String,
+    pub datapath: Option<Arc<Datapath>>,
+}
+
+#[derive(Debug)]
+pub(super) struct Trees {
+    metrics: Arc<Metrics>,
+    /// Trees removed at once.
+    parallelism: usize,
+}
+
+impl Trees {
+    pub fn new(metrics: Arc<Metrics>, parallelism: usize) -> Self {
+        Self { metrics, parallelism: parallelism.max(1) }
+    }
+
+    /// Opens a pod's `Datapath` (its connection and, across plans, its record) in `netns`, counted.
+    pub async fn open(&self, netns: &Netns) -> Result<Datapath, DatapathError> {
+        self.metrics.datapath_connections_opened.inc();
+        Datapath::open(netns.fd()).await
+    }
+
+    /// Brings `interface` to `desired` on `path`, counted; returns the mutations sent. The record stays; the
+    /// sockets (and their buffers) are closed, to be opened again by the pod's next call.
+    pub async fn reconcile(
+        &self,
+        datapath: &Datapath,
+        interface: &str,
+        desired: &DesiredState,
+        path: ReconcilePath,
+    ) -> Result<usize, DatapathError> {
+        self.metrics.count_reconcile(path.label());
+        let report = match path {
+            ReconcilePath::Full => datapath.reconcile(interface, desired).await,
+            ReconcilePath::Record => datapath.update(interface, desired).await,
+        };
+        datapath.release_connection();
+        Ok(report?.mutations)
+    }
+
+    /// The counters on `interface`, per destination: over the pod's kept connection, or over one opened for
+    /// this read (an adopted tree has none). Empty when no isthmus tree is there or it cannot be read.
+    pub async fn counters(&self, kept: Option<&Datapath>, netns: &Netns, interface: &str) -> Vec<(IpNet, Counters)> {
+        let observed = async {
+            let opened;
+            let datapath = match kept {
+                Some(datapath) => datapath,
+                None => {
+                    opened = Datapath::open(netns.fd()).await?;
+                    &opened
+                }
+            };
+            let observed = datapath.observe(interface).await;
+            datapath.release_connection();
+            observed
+        };
+        match observed.await {
+            Ok(counters) => counters.unwrap_or_default(),
+            Err(e) => {
+                tracing::debug!(netns = %netns.id(), %interface, error = %e, "cannot observe");
+                Vec::new()
+            }
+        }
+    }
+
+    /// Removes each tree (on the pod's connection where it has one), `parallelism` at once; every removal
+    /// comes back with its outcome.
+    pub async fn remove(&self, removals: Vec<Removal>) -> Vec<(Removal, Result<(), DatapathError>)> {
+        futures::stream::iter(removals)
+            .map(|removal| async move {
+                let outcome = async {
+                    let datapath = match &removal.datapath {
+                        Some(datapath) => datapath.clone(),
+                        None => Arc::new(self.open(&removal.netns).await?),
+                    };
+                    let empty = DesiredState::empty();
+                    self.reconcile(&datapath, &removal.interface, &empty, ReconcilePath::Full).await.map(|_| ())
+                };
+                let outcome = outcome.await;
+                (removal, outcome)
+            })
+            .buffer_unordered(self.parallelism)
+            .collect()
+            .await
+    }
+}
