@@ -2,20 +2,20 @@
 //! each destination keeps its address plus an impairment and a link shared with every other destination of the
 //! plan that has the same one.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
+use std::hash::Hash;
 use std::sync::Arc;
 
 use ipnet::IpNet;
 use isthmus_agent_api::{Impairment, ImpairmentFields, LinkRef, NodePlan, PodPlan};
 use serde::Deserialize;
+use serde_json::value::RawValue;
 
 /// A plan whose pods are parsed one by one, so that one malformed pod does not reject the whole plan.
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Debug)]
 pub struct RawNodePlan {
     pub node: String,
     pub version: u64,
-    #[serde(default)]
     pub pods: Vec<PlanPod>,
 }
 
@@ -32,48 +32,23 @@ pub enum PlanPod {
 /// One destination of a pod, compact: 10,000 of them are held for a node of 100 pods.
 pub type Destination = (IpNet, Arc<Impairment>, Arc<LinkRef>);
 
-thread_local! {
-    /// The interner of the plan being parsed on this thread (see [`RawNodePlan::from_json`]).
-    static PARSE_INTERNER: std::cell::RefCell<Option<Interner>> = const { std::cell::RefCell::new(None) };
-}
-
-impl PlanPod {
-    fn valid(mut pod: PodPlan, interner: &mut Interner) -> Self {
-        let mut destinations: Vec<Destination> = std::mem::take(&mut pod.destinations)
-            .into_iter()
-            .map(|d| (d.destination, interner.impairment(d.impairment), interner.link(d.link)))
-            .collect();
-        destinations.sort_by_key(|d| d.0);
-        PlanPod::Valid { pod, destinations }
-    }
-}
-
-impl<'de> Deserialize<'de> for PlanPod {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        // One pod's JSON as a value tree (kilobytes), then typed and made compact; the value tree of the whole
-        // plan (several times its JSON) and its typed destinations (280 bytes each) are never held at once.
-        let value = serde_json::Value::deserialize(deserializer)?;
-        Ok(match PodPlan::deserialize(&value) {
-            Ok(pod) => PARSE_INTERNER.with_borrow_mut(|interner| match interner {
-                Some(interner) => PlanPod::valid(pod, interner),
-                None => PlanPod::valid(pod, &mut Interner::default()),
-            }),
-            Err(e) => {
-                let (uid, namespace, name) = identity_of(&value);
-                let message = invalid_impairment(&value).unwrap_or_else(|| e.to_string());
-                PlanPod::Malformed { uid, namespace, name, message }
-            }
-        })
-    }
+/// The plan as it arrives, its pods still JSON text: slices of the request body, not copies.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Envelope<'a> {
+    node: String,
+    version: u64,
+    #[serde(default, borrow)]
+    pods: Vec<&'a RawValue>,
 }
 
 impl RawNodePlan {
-    /// Parses a plan, sharing equal impairments and links between all its pods.
+    /// Parses a plan pod by pod, sharing equal impairments and links between all its pods.
     pub fn from_json(json: &[u8]) -> Result<Self, serde_json::Error> {
-        PARSE_INTERNER.set(Some(Interner::default()));
-        let plan = serde_json::from_slice(json);
-        PARSE_INTERNER.set(None);
-        plan
+        let envelope: Envelope<'_> = serde_json::from_slice(json)?;
+        let mut interner = Interner::default();
+        let pods = envelope.pods.into_iter().map(|pod| PlanPod::parse(pod, &mut interner)).collect();
+        Ok(Self { node: envelope.node, version: envelope.version, pods })
     }
 }
 
@@ -88,29 +63,68 @@ impl From<&NodePlan> for RawNodePlan {
     }
 }
 
+impl PlanPod {
+    /// One pod's JSON as a value tree (kilobytes), then typed and made compact; the value tree of the whole
+    /// plan (several times its JSON) and its typed destinations (280 bytes each) are never held at once.
+    fn parse(json: &RawValue, interner: &mut Interner) -> Self {
+        let value: serde_json::Value = match serde_json::from_str(json.get()) {
+            Ok(value) => value,
+            // Only a pod nested deeper than serde_json's recursion limit gets here: the plan itself parsed.
+            Err(e) => {
+                return PlanPod::Malformed {
+                    uid: "".into(),
+                    namespace: "".into(),
+                    name: "".into(),
+                    message: e.to_string(),
+                };
+            }
+        };
+        match PodPlan::deserialize(&value) {
+            Ok(pod) => PlanPod::valid(pod, interner),
+            Err(e) => {
+                let (uid, namespace, name) = identity_of(&value);
+                let message = invalid_impairment(&value).unwrap_or_else(|| e.to_string());
+                PlanPod::Malformed { uid, namespace, name, message }
+            }
+        }
+    }
+
+    fn valid(mut pod: PodPlan, interner: &mut Interner) -> Self {
+        let mut destinations: Vec<Destination> = std::mem::take(&mut pod.destinations)
+            .into_iter()
+            .map(|d| (d.destination, interner.impairment(d.impairment), interner.link(d.link)))
+            .collect();
+        destinations.sort_by_key(|d| d.0);
+        PlanPod::Valid { pod, destinations }
+    }
+}
+
 /// The links and impairments of one plan, each kept once: 10,000 destinations asked for by 100 links hold 100
 /// `LinkRef`s and as many distinct impairments as the plan has.
 #[derive(Default)]
 struct Interner {
     links: HashSet<Arc<LinkRef>>,
-    /// Keyed by their `Debug` text: `Impairment` holds floats, so it is neither `Eq` nor `Hash`; the text is
-    /// exact (floats print round-trip) and validated impairments hold no NaN.
-    impairments: HashMap<String, Arc<Impairment>>,
+    impairments: HashSet<Arc<Impairment>>,
 }
 
 impl Interner {
     fn link(&mut self, link: LinkRef) -> Arc<LinkRef> {
-        if let Some(existing) = self.links.get(&link) {
-            return existing.clone();
-        }
-        let link = Arc::new(link);
-        self.links.insert(link.clone());
-        link
+        intern(&mut self.links, link)
     }
 
     fn impairment(&mut self, impairment: Impairment) -> Arc<Impairment> {
-        self.impairments.entry(format!("{impairment:?}")).or_insert_with(|| Arc::new(impairment)).clone()
+        intern(&mut self.impairments, impairment)
     }
+}
+
+/// The one shared allocation of `value` in `set`, made on first sight.
+fn intern<T: Eq + Hash>(set: &mut HashSet<Arc<T>>, value: T) -> Arc<T> {
+    if let Some(existing) = set.get(&value) {
+        return existing.clone();
+    }
+    let value = Arc::new(value);
+    set.insert(value.clone());
+    value
 }
 
 /// The pod's identity from a pod entry that did not parse, as far as it can be read.
