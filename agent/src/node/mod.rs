@@ -27,8 +27,9 @@
 //!   path on every pod so that changes made behind isthmus's back are found and repaired.
 //! - Memory (a node of 100 pods × 100 destinations must stay small): a plan is parsed pod by pod (one pod's JSON
 //!   tree at a time, never the whole plan's); each destination is kept as its address plus an impairment and a
-//!   link shared with every other destination that has the same; a pod's desired state is built only while it
-//!   is reconciled.
+//!   link shared with every other destination that has the same; a pod's desired state (which shares those
+//!   impairments) is built once per plan, when the pod is checked, and dropped once it is reconciled; the resync
+//!   builds it again from the destinations.
 
 mod adopt;
 mod apply;

@@ -76,11 +76,10 @@ fn check_pod(index: usize, entry: PlanPod, seen: &mut HashSet<String>) -> Result
     if let Err(message) = check_interface_name(&pod.interface) {
         return refuse(PodErrorKind::InvalidPlan, format!("pods[{index}].interface: {message}"), true);
     }
-    // Checked here so that the error is the pod's; built again when the pod is reconciled.
-    if let Err(e) = desired_state(&destinations) {
-        return refuse(e.kind(), format!("pods[{index}]: {e}"), true);
+    match desired_state(&destinations) {
+        Ok(desired) => Ok(PodJob { index, pod, destinations, desired }),
+        Err(e) => refuse(e.kind(), format!("pods[{index}]: {e}"), true),
     }
-    Ok(PodJob { index, pod, destinations })
 }
 
 /// Linux interface names: 1 to 15 bytes, no `/`, no whitespace, not `.` or `..`.

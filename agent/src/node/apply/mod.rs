@@ -13,10 +13,10 @@ use isthmus_agent_api::{ApplyReply, PodErrorKind, PodOutcome, PodPlan, PodResult
 
 use self::check::{Progress, applied_pod, failed_pod};
 use super::plan::{Destination, RawNodePlan};
-use super::state::{Applied, InstalledPod, Snapshot, desired_state};
+use super::state::{Applied, InstalledPod, Snapshot};
 use super::trees::{ReconcilePath, Removal};
 use super::{Node, release_freed_memory};
-use crate::datapath::{Datapath, DatapathError};
+use crate::datapath::{Datapath, DatapathError, DesiredState};
 use crate::metrics::PodName;
 use crate::netns::{Netns, NetnsId, PodIdentity, ResolveError};
 
@@ -49,13 +49,15 @@ impl ApplyOutcome {
     }
 }
 
-/// A pod ready to be reconciled: its plan without the destinations, which became `destinations`. Its desired
-/// state is built only while it is reconciled, so that an apply holds few at once.
+/// A pod ready to be reconciled: its plan without the destinations, which became `destinations`, and the
+/// desired state they make, checked once (its impairments shared with `destinations`, so it costs an address
+/// and a pointer per destination); dropped once the pod is reconciled.
 struct PodJob {
     /// Its entry in the plan, where its result goes.
     index: usize,
     pod: PodPlan,
     destinations: Vec<Destination>,
+    desired: DesiredState,
 }
 
 /// A pod whose namespace was found, with its kept connection while it is still in the same one.
@@ -139,9 +141,10 @@ impl Node {
                         Some(datapath) => datapath,
                         None => Arc::new(self.trees.open(&netns).await?),
                     };
-                    let desired = desired_state(&job.destinations)?;
-                    let mutations =
-                        self.trees.reconcile(&datapath, &job.pod.interface, &desired, ReconcilePath::Record).await?;
+                    let mutations = self
+                        .trees
+                        .reconcile(&datapath, &job.pod.interface, &job.desired, ReconcilePath::Record)
+                        .await?;
                     Ok((datapath, mutations))
                 }
                 .await;
@@ -161,7 +164,7 @@ impl Node {
         progress: &mut Progress,
     ) -> HashMap<String, Arc<InstalledPod>> {
         let mut installed = HashMap::new();
-        for Reconciled { job: PodJob { index, pod, destinations }, netns, outcome } in reconciled {
+        for Reconciled { job: PodJob { index, pod, destinations, .. }, netns, outcome } in reconciled {
             let datapath = match outcome {
                 Ok((datapath, mutations)) => {
                     progress.results[index] = Some(applied_pod(&pod, mutations));
