@@ -263,7 +263,7 @@ async fn open_enters_the_namespace_without_moving_runtime_threads() {
     let datapath = pair.datapath().await;
     let target =
         std::fs::metadata(format!("/run/netns/{}", pair.a)).map(|m| std::os::unix::fs::MetadataExt::ino(&m)).unwrap();
-    assert_eq!(datapath.netns(), format!("net:[{target}]"));
+    assert_eq!(datapath.netns().to_string(), format!("net:[{target}]"));
     // The interface exists only in the pod's namespace: the socket is there, the runtime is not.
     datapath.reconcile("va", &DesiredState::empty()).await.unwrap();
     let threads = std::fs::read_dir("/proc/self/task").unwrap();

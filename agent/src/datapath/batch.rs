@@ -360,7 +360,7 @@ mod tests {
             return;
         }
         let datapath = crate::datapath::Datapath::open_scratch().await.unwrap();
-        let place = Place { netns: datapath.netns().to_owned(), interface: "lo".into() };
+        let place = Place { netns: datapath.netns(), interface: "lo".into() };
         let ifindex = datapath.ifindex("lo").await.unwrap();
         let mut operations = install(2);
         let orphan = Operation::Add(TcObject::Qdisc(crate::datapath::model::Qdisc {
@@ -383,7 +383,7 @@ mod tests {
         let strerror = std::io::Error::from_raw_os_error(libc::ENOENT).to_string();
         assert!(!message.is_empty() && *message != strerror, "{error}");
         let text = error.to_string();
-        assert!(text.contains(&place.netns) && text.contains("interface lo"), "{text}");
+        assert!(text.contains(&place.netns.to_string()) && text.contains("interface lo"), "{text}");
         // The kernel went on with the rest of the buffer: the second destination's objects are installed, so
         // adding them again is refused as existing (the reconcile shell treats the state as unknown after a
         // refusal and dumps).

@@ -633,7 +633,7 @@ mod tests {
     }
 
     fn place() -> Place {
-        Place { netns: "net:[1]".into(), interface: "eth0".into() }
+        Place { netns: crate::netns::NetnsId { dev: 0, inode: 1 }, interface: "eth0".into() }
     }
 
     /// One reconcile against the simulated kernel, as the I/O shell does it.

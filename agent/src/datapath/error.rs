@@ -4,10 +4,12 @@
 use ipnet::IpNet;
 use isthmus_agent_api::PodErrorKind;
 
-/// Where an operation ran: the namespace (as `net:[inode]`) and, once known, the interface.
+use crate::netns::NetnsId;
+
+/// Where an operation ran: the namespace and, once known, the interface.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Place {
-    pub netns: String,
+    pub netns: NetnsId,
     pub interface: String,
 }
 
@@ -44,9 +46,13 @@ pub enum DatapathError {
     #[error("{place}: {operation}: {message} (errno {errno})")]
     Kernel { place: Place, operation: String, errno: i32, message: String },
 
-    /// Entering the namespace or creating the netlink socket failed.
+    /// Entering the namespace or creating the netlink socket in it failed.
     #[error("netns {netns}: {action}: {source}")]
-    Namespace { netns: String, action: &'static str, source: std::io::Error },
+    Namespace { netns: NetnsId, action: &'static str, source: std::io::Error },
+
+    /// The namespace could not be held or created in the first place.
+    #[error("network namespace: {action}: {source}")]
+    NamespaceUnavailable { action: &'static str, source: std::io::Error },
 
     /// The kernel's reply could not be understood.
     #[error("{place}: {message}")]
@@ -61,9 +67,10 @@ impl DatapathError {
             DatapathError::ForeignQdisc { .. } => PodErrorKind::ForeignQdisc,
             DatapathError::KernelUnsupported { .. } => PodErrorKind::KernelUnsupported,
             DatapathError::DuplicateRestriction { .. } => PodErrorKind::DuplicateRestriction,
-            DatapathError::Kernel { .. } | DatapathError::Namespace { .. } | DatapathError::Protocol { .. } => {
-                PodErrorKind::Kernel
-            }
+            DatapathError::Kernel { .. }
+            | DatapathError::Namespace { .. }
+            | DatapathError::NamespaceUnavailable { .. }
+            | DatapathError::Protocol { .. } => PodErrorKind::Kernel,
         }
     }
 
@@ -105,7 +112,7 @@ mod tests {
     use super::*;
 
     fn place() -> Place {
-        Place { netns: "net:[4026531840]".into(), interface: "eth0".into() }
+        Place { netns: NetnsId { dev: 4, inode: 4026531840 }, interface: "eth0".into() }
     }
 
     #[test]

@@ -8,8 +8,9 @@
 //! - [`diff`]: installed objects vs desired state → the minimal ordered list of operations (`plan`).
 //! - `netlink`: model objects ⇄ rtnetlink messages (hand-encoded htb, tbf, netem), extended acks.
 //! - `batch`: mutations packed many to a `sendmsg` (as `tc -batch` does), refusals matched by sequence number.
+//! - `socket`: the netlink sockets, created inside the namespace (entered the one way `crate::netns` has).
 //! - `reconcile`: the thin shell — dump, diff, send (`Datapath::reconcile`), or diff against the record of the
-//!   last call and send (`Datapath::update`) — over a netlink socket opened inside the namespace.
+//!   last call and send (`Datapath::update`) — over those sockets.
 
 mod batch;
 pub mod diff;
@@ -17,9 +18,9 @@ pub mod error;
 pub mod handles;
 pub mod model;
 pub mod netlink;
-mod netns;
 mod probe;
 mod reconcile;
+mod socket;
 pub mod tree;
 
 pub use error::{DatapathError, Place};

@@ -30,7 +30,7 @@ pub async fn probe() -> Capabilities {
 
 async fn probe_in_scratch(caps: &mut Capabilities) -> Result<(), DatapathError> {
     let datapath = Datapath::open_scratch().await?;
-    let place = Place { netns: datapath.netns().to_owned(), interface: PROBE_INTERFACE.to_owned() };
+    let place = Place { netns: datapath.netns(), interface: PROBE_INTERFACE.to_owned() };
     let ifindex = datapath.ifindex(PROBE_INTERFACE).await?;
     let supported = |r: Result<(), DatapathError>| match r {
         Ok(()) => Ok(true),

@@ -26,7 +26,7 @@
 //! the same namespace, held by file descriptor.
 
 use std::collections::HashMap;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
@@ -44,16 +44,15 @@ use super::error::{DatapathError, Place};
 use super::handles::ROOT_QDISC;
 use super::model::*;
 use super::netlink::{self, KernelError};
-use super::netns::{self, NamespacedSocket};
+use super::socket::{self, NamespacedSocket};
 use super::tree::{self, DesiredState};
+use crate::netns::{Netns, NetnsId};
 
 /// A netlink connection bound to one network namespace.
 pub struct Datapath {
-    /// The namespace, held so that a released connection can be opened again; `None` for a scratch namespace,
-    /// which lives only as long as its sockets (its connection is never released).
-    namespace: Option<OwnedFd>,
+    /// The namespace, held so that a released connection can be opened again in it.
+    netns: Netns,
     connection: Mutex<Option<Arc<Connection>>>,
-    netns: String,
     /// Per interface name, what isthmus last installed or verified there. Held for a whole reconcile or
     /// update, which serialises them.
     records: Mutex<HashMap<String, Record>>,
@@ -98,38 +97,30 @@ struct Dump {
 }
 
 impl Datapath {
-    /// Opens a connection inside the namespace `netns` refers to (from a short-lived thread; see `netns`).
+    /// Opens a connection inside the namespace `netns` refers to (see `crate::netns` for how it is entered);
+    /// the namespace is held until the `Datapath` is dropped.
     pub async fn open(netns: BorrowedFd<'_>) -> Result<Datapath, DatapathError> {
-        let held = netns.try_clone_to_owned().map_err(|source| DatapathError::Namespace {
-            netns: "-".into(),
-            action: "duplicate the namespace descriptor",
-            source,
-        })?;
-        let socket = netns::open_in(netns).await?;
-        Ok(Self::start(socket, Some(held)))
+        let netns = Netns::from_fd(netns)
+            .map_err(|source| DatapathError::NamespaceUnavailable { action: "hold the namespace", source })?;
+        Self::start(netns).await
     }
 
     /// A connection in a fresh, empty namespace that disappears when the `Datapath` is dropped.
     pub(crate) async fn open_scratch() -> Result<Datapath, DatapathError> {
-        Ok(Self::start(netns::open_scratch().await?, None))
+        let netns = Netns::scratch()
+            .await
+            .map_err(|source| DatapathError::NamespaceUnavailable { action: "create a scratch namespace", source })?;
+        Self::start(netns).await
     }
 
-    fn start(socket: NamespacedSocket, namespace: Option<OwnedFd>) -> Datapath {
-        let netns = socket.netns.clone();
-        Datapath {
-            namespace,
-            connection: Mutex::new(Some(Arc::new(Connection::start(socket)))),
-            netns,
-            records: Mutex::new(HashMap::new()),
-        }
+    async fn start(netns: Netns) -> Result<Datapath, DatapathError> {
+        let connection = Connection::start(socket::open_in(&netns).await?);
+        Ok(Datapath { netns, connection: Mutex::new(Some(Arc::new(connection))), records: Mutex::new(HashMap::new()) })
     }
 
     /// Closes the sockets until the next call, keeping the records; calls in progress keep theirs. Returns
-    /// whether anything was closed (not when a call is opening one right now, nor for a scratch namespace).
+    /// whether anything was closed (not when a call is opening one right now).
     pub fn release_connection(&self) -> bool {
-        if self.namespace.is_none() {
-            return false;
-        }
         self.connection.try_lock().is_ok_and(|mut connection| connection.take().is_some())
     }
 
@@ -139,20 +130,18 @@ impl Datapath {
         if let Some(connection) = slot.as_ref() {
             return Ok(connection.clone());
         }
-        let namespace = self.namespace.as_ref().expect("only a Datapath holding its namespace releases its connection");
-        let socket = netns::open_in(namespace.as_fd()).await?;
-        let connection = Arc::new(Connection::start(socket));
+        let connection = Arc::new(Connection::start(socket::open_in(&self.netns).await?));
         *slot = Some(connection.clone());
         Ok(connection)
     }
 
-    /// The namespace this connection works in, as `net:[inode]`.
-    pub fn netns(&self) -> &str {
-        &self.netns
+    /// The namespace this connection works in.
+    pub fn netns(&self) -> NetnsId {
+        self.netns.id()
     }
 
     fn place(&self, interface: &str) -> Place {
-        Place { netns: self.netns.clone(), interface: interface.to_owned() }
+        Place { netns: self.netns.id(), interface: interface.to_owned() }
     }
 
     /// The full path: dump → diff → send only what differs, repairing any drift; refreshes the interface's
@@ -175,7 +164,7 @@ impl Datapath {
         let place = self.place(interface);
         let ifindex = self.ifindex(interface).await?;
         if ifindex != record.ifindex {
-            debug!(netns = %self.netns, interface, was = record.ifindex, now = ifindex, "interface replaced; reconciling from a dump");
+            debug!(netns = %self.netns.id(), interface, was = record.ifindex, now = ifindex, "interface replaced; reconciling from a dump");
             return self.reconcile_from_dump(&mut records, interface, desired).await;
         }
         let operations = match diff::plan(&place, &record.objects, desired) {
@@ -193,11 +182,11 @@ impl Datapath {
                 if let Some(objects) = next {
                     records.insert(interface.to_owned(), Record { ifindex, objects });
                 }
-                debug!(netns = %self.netns, interface, ?report, "updated from the record");
+                debug!(netns = %self.netns.id(), interface, ?report, "updated from the record");
                 Ok(report)
             }
             Err(error) => {
-                info!(netns = %self.netns, interface, %error, "update from the record refused; reconciling from a dump");
+                info!(netns = %self.netns.id(), interface, %error, "update from the record refused; reconciling from a dump");
                 self.reconcile_from_dump(&mut records, interface, desired).await
             }
         }
@@ -228,7 +217,7 @@ impl Datapath {
         if let Some(objects) = next {
             records.insert(interface.to_owned(), Record { ifindex, objects });
         }
-        debug!(netns = %self.netns, interface, ?report, "reconciled");
+        debug!(netns = %self.netns.id(), interface, ?report, "reconciled");
         Ok(report)
     }
 
