@@ -201,9 +201,10 @@ mod tests {
     use netlink_packet_core::NLM_F_CAPPED;
 
     use super::*;
+    use crate::datapath::desired::DesiredState;
     use crate::datapath::handles::Slot;
     use crate::datapath::model::TcObject;
-    use crate::datapath::tree::{self, DesiredState};
+    use crate::datapath::tree;
 
     fn install(destinations: u32) -> Vec<Operation> {
         let desired = DesiredState::new(

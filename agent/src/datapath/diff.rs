@@ -9,83 +9,12 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use ipnet::IpNet;
-
+use super::desired::DesiredState;
 use super::error::{DatapathError, Place};
-use super::handles::{self, ROOT_MAJOR, ROOT_QDISC, Slot};
+use super::handles::{self, GENERATED_HTID_MIN};
+use super::installed::installed_destinations;
 use super::model::*;
-use super::tree::{self, DesiredState};
-
-/// What sits at the interface's root.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RootState {
-    /// No root qdisc, or the kernel's default one (handle 0:), which the kernel restores when ours goes.
-    Default,
-    Isthmus,
-    Foreign {
-        kind: String,
-        handle: Handle,
-    },
-}
-
-/// u32 tables the kernel creates for each filter priority get htids from 0x800 up; their entries dump with
-/// that htid and are addressed by the node id alone when added.
-const GENERATED_HTID_MIN: u32 = 0x800;
-
-pub fn root_state(installed: &[TcObject]) -> RootState {
-    let root = installed.iter().find_map(|o| match o {
-        TcObject::Qdisc(q) if q.parent == Handle::ROOT => Some(q),
-        _ => None,
-    });
-    match root {
-        None => RootState::Default,
-        Some(q) if q.handle.major() == 0 => RootState::Default,
-        Some(q) if q.handle == ROOT_QDISC && matches!(q.kind, QdiscKind::Htb(_)) => RootState::Isthmus,
-        Some(q) => RootState::Foreign { kind: q.kind.name().to_owned(), handle: q.handle },
-    }
-}
-
-/// The objects of the isthmus tree among everything dumped from the interface (empty when the root is not
-/// isthmus's). Not included: the kernel's per-priority records (u32 handle 0) and the tables the kernel
-/// generates for each priority; the diff compares entries of those tables by node id alone.
-pub fn owned(installed: &[TcObject]) -> Vec<TcObject> {
-    if root_state(installed) != RootState::Isthmus {
-        return Vec::new();
-    }
-    installed
-        .iter()
-        .filter(|o| match o {
-            TcObject::Qdisc(q) => handles::is_isthmus_qdisc_major(q.handle.major()),
-            TcObject::Class(c) => c.handle.major() == ROOT_MAJOR,
-            TcObject::Filter(f) => {
-                f.parent == ROOT_QDISC
-                    && match &f.kind {
-                        // Dumps start each priority with a handle-0 record of the classifier instance itself.
-                        FilterKind::U32(u) => {
-                            u.handle != 0 && !(u.divisor.is_some() && u.handle >> 20 >= GENERATED_HTID_MIN)
-                        }
-                        FilterKind::Foreign(_) => false,
-                    }
-            }
-        })
-        .cloned()
-        .collect()
-}
-
-/// Which destination holds which slot, read from the installed entries' selectors and class ids.
-pub fn installed_destinations(owned: &[TcObject]) -> BTreeMap<IpNet, Slot> {
-    owned
-        .iter()
-        .filter_map(|o| match o {
-            TcObject::Filter(Filter { protocol, kind: FilterKind::U32(u), .. }) => {
-                let slot = Slot::from_class(u.class_id?)?;
-                let dst = tree::destination_of_keys(*protocol, &u.selector.as_ref()?.keys)?;
-                Some((dst, slot))
-            }
-            _ => None,
-        })
-        .collect()
-}
+use super::tree;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 enum Key {
@@ -431,6 +360,7 @@ pub(crate) mod sim {
     //! refused for a class that filters still point to and a hash table that a link still points into; u32
     //! entries added by node id land in the priority's generated table.
     use super::*;
+    use crate::datapath::handles::ROOT_QDISC;
 
     #[derive(Default)]
     pub struct SimKernel {
@@ -621,12 +551,15 @@ pub(crate) mod sim {
 mod tests {
     use std::time::Duration;
 
+    use ipnet::IpNet;
     use isthmus_agent_api::test_util;
     use isthmus_agent_api::{Impairment, ImpairmentFields};
     use proptest::prelude::*;
 
     use super::sim::SimKernel;
     use super::*;
+    use crate::datapath::handles::ROOT_QDISC;
+    use crate::datapath::installed::owned;
 
     fn net(s: &str) -> IpNet {
         s.parse().unwrap()
@@ -710,23 +643,6 @@ mod tests {
         let ops = reconcile(&mut k, &DesiredState::empty()).unwrap();
         assert!(matches!(ops.as_slice(), [Operation::Delete(TcObject::Qdisc(q))] if q.handle == ROOT_QDISC));
         assert!(k.dump().is_empty());
-    }
-
-    #[test]
-    fn foreign_root_is_reported_and_default_root_is_not_foreign() {
-        let foreign = vec![TcObject::Qdisc(Qdisc {
-            handle: Handle::new(1, 0),
-            parent: Handle::ROOT,
-            kind: QdiscKind::Foreign("fq_codel".into()),
-        })];
-        assert_eq!(root_state(&foreign), RootState::Foreign { kind: "fq_codel".into(), handle: Handle::new(1, 0) });
-        assert!(owned(&foreign).is_empty());
-        let default = vec![TcObject::Qdisc(Qdisc {
-            handle: Handle(0),
-            parent: Handle::ROOT,
-            kind: QdiscKind::Foreign("noqueue".into()),
-        })];
-        assert_eq!(root_state(&default), RootState::Default);
     }
 
     fn impairment() -> impl Strategy<Value = Impairment> {

@@ -27,6 +27,10 @@ pub const ROOT_QDISC: Handle = Handle::new(ROOT_MAJOR, 0);
 pub const DEFAULT_CLASS_MINOR: u16 = 0x1;
 pub const DEFAULT_CLASS: Handle = Handle::new(ROOT_MAJOR, DEFAULT_CLASS_MINOR);
 
+/// u32 tables the kernel creates for each filter priority get htids from 0x800 up; their entries dump with
+/// that htid and are addressed by the node id alone when added.
+pub const GENERATED_HTID_MIN: u32 = 0x800;
+
 const CLASS_MINOR_BASE: u16 = 0x1000;
 const TBF_MAJOR_BASE: u16 = 0x2000;
 const NETEM_MAJOR_BASE: u16 = 0x3000;

@@ -4,26 +4,33 @@
 //! - [`model`]: typed kernel objects (qdiscs, classes, filters) exactly as they are installed and dumped, and the
 //!   operations on them, each with its tc name.
 //! - [`handles`]: disjoint handle ranges indexed by a destination's slot; slots stable across reconciles.
-//! - [`tree`]: desired state (destinations → impairments) → the set of objects, with stable handles.
+//! - [`tree`]: desired state (destinations → impairments, checked: `desired`) → the set of objects, with stable
+//!   handles; [`units`]: an impairment in the kernel's units (TBF, netem) and back.
+//! - [`installed`]: what of a dump is isthmus's (whose root, which objects, which destination in which slot).
 //! - [`diff`]: installed objects vs desired state → the minimal ordered list of operations (`plan`).
 //! - `netlink`: model objects ⇄ rtnetlink messages (hand-encoded htb, tbf, netem), extended acks.
 //! - `batch`: mutations packed many to a `sendmsg` (as `tc -batch` does), refusals matched by sequence number.
 //! - `socket`: the netlink sockets, created inside the namespace (entered the one way `crate::netns` has).
 //! - `reconcile`: the thin shell — dump, diff, send (`Datapath::reconcile`), or diff against the record of the
-//!   last call and send (`Datapath::update`) — over those sockets.
+//!   last call and send (`Datapath::update`) — over those sockets; `read`: the views of a dump (`observe`,
+//!   `installed`).
 
 mod batch;
+mod desired;
 pub mod diff;
 pub mod error;
 pub mod handles;
+pub mod installed;
 pub mod model;
 pub mod netlink;
 mod probe;
+mod read;
 mod reconcile;
 mod socket;
 pub mod tree;
+pub mod units;
 
+pub use desired::DesiredState;
 pub use error::{DatapathError, Place};
 pub use probe::probe;
 pub use reconcile::{Datapath, ReconcileReport};
-pub use tree::DesiredState;

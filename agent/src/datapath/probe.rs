@@ -8,11 +8,12 @@ use ipnet::IpNet;
 use isthmus_agent_api::{Capabilities, Correlated, Impairment, ImpairmentFields, Percent};
 use tracing::{info, warn};
 
+use super::desired::DesiredState;
 use super::error::{DatapathError, Place};
 use super::handles::{DEFAULT_CLASS, ROOT_QDISC};
 use super::model::*;
 use super::reconcile::Datapath;
-use super::tree::{self, DesiredState};
+use super::{tree, units};
 
 /// Loopback exists, down, in every new namespace; qdiscs attach to it like to any other device.
 const PROBE_INTERFACE: &str = "lo";
@@ -42,7 +43,7 @@ async fn probe_in_scratch(caps: &mut Capabilities) -> Result<(), DatapathError> 
     let netem_qdisc = Qdisc {
         handle: slot(0).netem(),
         parent: Handle::ROOT,
-        kind: QdiscKind::Netem(tree::netem_for(&ImpairmentFields {
+        kind: QdiscKind::Netem(units::netem_for(&ImpairmentFields {
             latency: Some(Duration::from_millis(1)),
             ..Default::default()
         })),
@@ -51,7 +52,7 @@ async fn probe_in_scratch(caps: &mut Capabilities) -> Result<(), DatapathError> 
         handle: slot(0).tbf(),
         parent: Handle::ROOT,
         kind: QdiscKind::Tbf(
-            tree::tbf_for(&ImpairmentFields { rate_bps: Some(1_000_000), ..Default::default() }).expect("rate"),
+            units::tbf_for(&ImpairmentFields { rate_bps: Some(1_000_000), ..Default::default() }).expect("rate"),
         ),
     };
     caps.tbf = try_root_qdisc(&datapath, &place, ifindex, tbf_qdisc).await?;

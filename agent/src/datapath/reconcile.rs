@@ -30,7 +30,6 @@ use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
-use ipnet::IpNet;
 use isthmus_agent_api::Counters;
 use netlink_packet_core::{NLM_F_DUMP, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload};
 use netlink_packet_route::RouteNetlinkMessage;
@@ -39,13 +38,14 @@ use tokio::sync::Mutex;
 use tracing::{debug, info};
 
 use super::batch::BatchSocket;
-use super::diff::{self, RootState};
+use super::desired::DesiredState;
+use super::diff;
 use super::error::{DatapathError, Place};
 use super::handles::ROOT_QDISC;
+use super::installed::{self, RootState};
 use super::model::*;
 use super::netlink::{self, KernelError};
 use super::socket::{self, NamespacedSocket};
-use super::tree::{self, DesiredState};
 use crate::netns::{Netns, NetnsId};
 
 /// A netlink connection bound to one network namespace.
@@ -91,9 +91,9 @@ pub struct ReconcileReport {
 }
 
 /// Everything dumped from one interface, with the counters of qdiscs and classes.
-struct Dump {
-    objects: Vec<TcObject>,
-    counters: Vec<(Handle, Counters)>,
+pub(super) struct Dump {
+    pub objects: Vec<TcObject>,
+    pub counters: Vec<(Handle, Counters)>,
 }
 
 impl Datapath {
@@ -140,7 +140,7 @@ impl Datapath {
         self.netns.id()
     }
 
-    fn place(&self, interface: &str) -> Place {
+    pub(super) fn place(&self, interface: &str) -> Place {
         Place { netns: self.netns.id(), interface: interface.to_owned() }
     }
 
@@ -202,14 +202,14 @@ impl Datapath {
         let place = self.place(interface);
         let ifindex = self.ifindex(interface).await?;
         let dump = self.dump(&place, ifindex).await?;
-        if let RootState::Foreign { kind, handle } = diff::root_state(&dump.objects) {
+        if let RootState::Foreign { kind, handle } = installed::root_state(&dump.objects) {
             if !desired.is_empty() {
                 return Err(DatapathError::ForeignQdisc { place, kind, handle: handle.to_string() });
             }
             // Nothing of isthmus's is there and nothing is to be installed: no record, so the next call looks again.
             return Ok(ReconcileReport::default());
         }
-        let ours = diff::owned(&dump.objects);
+        let ours = installed::owned(&dump.objects);
         let operations = diff::plan(&place, &ours, desired)?;
         let report = report_of(&operations);
         let next = diff::after(ours, &operations);
@@ -219,68 +219,6 @@ impl Datapath {
         }
         debug!(netns = %self.netns.id(), interface, ?report, "reconciled");
         Ok(report)
-    }
-
-    /// Per destination: the counters of its class, with drops and overlimits summed over its TBF and netem.
-    /// `None` when no isthmus tree is on the interface.
-    pub async fn observe(&self, interface: &str) -> Result<Option<Vec<(IpNet, Counters)>>, DatapathError> {
-        let place = self.place(interface);
-        let ifindex = self.ifindex(interface).await?;
-        let dump = self.dump(&place, ifindex).await?;
-        if diff::root_state(&dump.objects) != RootState::Isthmus {
-            return Ok(None);
-        }
-        let ours = diff::owned(&dump.objects);
-        let counters_of = |h: Handle| dump.counters.iter().find(|(x, _)| *x == h).map(|(_, c)| *c);
-        let observed = diff::installed_destinations(&ours)
-            .into_iter()
-            .map(|(dst, slot)| {
-                let mut total = counters_of(slot.class()).unwrap_or_default();
-                for qdisc in [slot.tbf(), slot.netem()] {
-                    if let Some(c) = counters_of(qdisc) {
-                        total.drops += c.drops;
-                        total.overlimits += c.overlimits;
-                    }
-                }
-                (dst, total)
-            })
-            .collect();
-        Ok(Some(observed))
-    }
-
-    /// The destinations and impairments isthmus has installed on the interface (for adoption after a
-    /// restart), as far as the kernel's units allow reading them back. `None` when no isthmus tree is there.
-    pub async fn installed(&self, interface: &str) -> Result<Option<DesiredState>, DatapathError> {
-        let place = self.place(interface);
-        let ifindex = self.ifindex(interface).await?;
-        let dump = self.dump(&place, ifindex).await?;
-        if diff::root_state(&dump.objects) != RootState::Isthmus {
-            return Ok(None);
-        }
-        let ours = diff::owned(&dump.objects);
-        let qdisc = |h: Handle| {
-            ours.iter().find_map(|o| match o {
-                TcObject::Qdisc(q) if q.handle == h => Some(&q.kind),
-                _ => None,
-            })
-        };
-        let destinations = diff::installed_destinations(&ours).into_iter().map(|(dst, slot)| {
-            let tbf = match qdisc(slot.tbf()) {
-                Some(QdiscKind::Tbf(t)) => Some(t),
-                _ => None,
-            };
-            let netem = match qdisc(slot.netem()) {
-                Some(QdiscKind::Netem(n)) => Some(n),
-                _ => None,
-            };
-            let impairment = tree::impairment_of(tbf, netem);
-            impairment.map(|i| (dst, i)).map_err(|e| DatapathError::invalid(Some(dst), e.field, e.reason))
-        });
-        let destinations: Result<Vec<_>, _> = destinations.collect();
-        destinations.and_then(DesiredState::new).map(Some).map_err(|e| DatapathError::Protocol {
-            place,
-            message: format!("the installed tree does not read back as a valid desired state: {e}"),
-        })
     }
 
     /// Sends `operations` in order, packed into batches (see `batch`), and stops at the first refusal, which
@@ -323,7 +261,7 @@ impl Datapath {
         }
     }
 
-    async fn dump(&self, place: &Place, ifindex: u32) -> Result<Dump, DatapathError> {
+    pub(super) async fn dump(&self, place: &Place, ifindex: u32) -> Result<Dump, DatapathError> {
         let mut objects = Vec::new();
         let mut counters = Vec::new();
         for message in self.dump_kind(place, ifindex, Kind::Qdisc, Handle::UNSPEC).await? {
@@ -331,7 +269,7 @@ impl Datapath {
             counters.push((q.handle, c));
             objects.push(TcObject::Qdisc(q));
         }
-        let ours = diff::root_state(&objects) == RootState::Isthmus;
+        let ours = installed::root_state(&objects) == RootState::Isthmus;
         if ours {
             for message in self.dump_kind(place, ifindex, Kind::Class, Handle::UNSPEC).await? {
                 let (c, n) = netlink::decode_class(&message).map_err(|e| decode_error(place, e))?;

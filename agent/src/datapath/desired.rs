@@ -1,0 +1,123 @@
+//! The desired state of one interface: destinations (host addresses or CIDRs, IPv4 and IPv6) → impairment,
+//! checked against what the datapath can install (one slot per destination, the kernel's field widths).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use ipnet::IpNet;
+use isthmus_agent_api::{Impairment, ImpairmentFields};
+
+use super::error::DatapathError;
+use super::handles::MAX_DESTINATIONS;
+use super::units::{burst_bytes, tbf_buffer_ticks};
+
+/// Desired state for one interface: destinations (host addresses or CIDRs, IPv4 and IPv6) → impairment, sorted
+/// by destination. Impairments are shared (`Arc`): a node's plan holds many destinations with the same one.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct DesiredState {
+    destinations: Vec<(IpNet, Arc<Impairment>)>,
+}
+
+impl DesiredState {
+    /// Rejects duplicate destinations (after masking host bits), impairments beyond the kernel's fields and more
+    /// destinations than the handle space allows; errors name the destination and field. The impairments
+    /// themselves are valid by their type.
+    pub fn new<I: Into<Arc<Impairment>>>(
+        destinations: impl IntoIterator<Item = (IpNet, I)>,
+    ) -> Result<Self, DatapathError> {
+        let mut map = BTreeMap::new();
+        for (dst, impairment) in destinations {
+            let net = dst.trunc();
+            let impairment = impairment.into();
+            check_representable(net, impairment.fields())?;
+            if map.insert(net, impairment).is_some() {
+                return Err(DatapathError::invalid(
+                    Some(net),
+                    "destination",
+                    if net == dst { "listed twice".to_owned() } else { format!("{dst} duplicates another entry") },
+                ));
+            }
+            if map.len() > MAX_DESTINATIONS {
+                return Err(DatapathError::invalid(
+                    None,
+                    "destinations",
+                    format!("more than {MAX_DESTINATIONS} destinations on one interface"),
+                ));
+            }
+        }
+        Ok(DesiredState { destinations: map.into_iter().collect() })
+    }
+
+    pub fn empty() -> Self {
+        Self::default()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.destinations.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.destinations.len()
+    }
+
+    pub fn destinations(&self) -> impl Iterator<Item = (&IpNet, &Impairment)> {
+        self.destinations.iter().map(|(destination, impairment)| (destination, impairment.as_ref()))
+    }
+
+    pub fn get(&self, destination: &IpNet) -> Option<&Impairment> {
+        let index = self.destinations.binary_search_by(|(d, _)| d.cmp(destination)).ok()?;
+        Some(&self.destinations[index].1)
+    }
+}
+
+/// Limits of the kernel's fields that an [`Impairment`]'s own checks do not know about.
+fn check_representable(dst: IpNet, imp: &ImpairmentFields) -> Result<(), DatapathError> {
+    // The kernel keeps TBF's bucket as 32-bit psched ticks (at most 275 s of sending at the rate).
+    if let Some(rate) = imp.rate_bps
+        && tbf_buffer_ticks((rate / 8).max(1), burst_bytes(imp)) > u64::from(u32::MAX)
+    {
+        let burst = burst_bytes(imp);
+        let field = if imp.burst_bytes.is_some() { "burst" } else { "rate" };
+        return Err(DatapathError::invalid(
+            Some(dst),
+            field,
+            format!("{burst} bytes of burst take longer than the kernel's 275 s bucket limit to send at {rate} bit/s"),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{IpAddr, Ipv4Addr};
+
+    use isthmus_agent_api::test_util::rate;
+
+    use super::*;
+
+    fn net(s: &str) -> IpNet {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn desired_state_rejects_bad_input_naming_destination_and_field() {
+        // An impairment that is invalid in itself cannot be built; the agent's plan decoding reports one
+        // (node::plan's tests). What is left here are the datapath's own limits.
+        let dup = DesiredState::new([
+            (net("10.0.0.0/24"), Impairment::default()),
+            (net("10.0.0.7/24"), Impairment::default()),
+        ]);
+        let text = dup.unwrap_err().to_string();
+        assert!(text.contains("10.0.0.0/24") && text.contains("duplicates"), "{text}");
+
+        let crawl = DesiredState::new([(net("10.0.0.1/32"), rate(64))]);
+        let text = crawl.unwrap_err().to_string();
+        assert!(text.contains("rate") && text.contains("275 s"), "{text}");
+
+        let too_many = DesiredState::new(
+            (0..=MAX_DESTINATIONS as u32)
+                .map(|i| (IpNet::from(IpAddr::from(Ipv4Addr::from(0x0a00_0000 + i))), Impairment::default())),
+        );
+        assert!(too_many.unwrap_err().to_string().contains("more than 4095 destinations"));
+    }
+}
