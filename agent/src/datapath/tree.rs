@@ -52,138 +52,160 @@ pub fn build(desired: &DesiredState, slots: &BTreeMap<IpNet, Slot>) -> Vec<TcObj
     if desired.is_empty() {
         return Vec::new();
     }
-    let mut objects = vec![
-        TcObject::Qdisc(Qdisc {
-            handle: ROOT_QDISC,
-            parent: Handle::ROOT,
-            kind: QdiscKind::Htb(HtbQdisc {
-                default_class: u32::from(handles::DEFAULT_CLASS_MINOR),
-                rate2quantum: HTB_RATE2QUANTUM,
-                direct_qlen: HTB_DIRECT_QLEN,
-            }),
-        }),
-        TcObject::Class(unlimited_class(DEFAULT_CLASS)),
-    ];
-    let mut by_slot: Vec<(Slot, &IpNet, &Impairment)> = desired.destinations().map(|(d, i)| (slots[d], d, i)).collect();
+    let mut by_slot: Vec<(Slot, IpNet, &Impairment)> = desired.destinations().map(|(d, i)| (slots[d], *d, i)).collect();
     by_slot.sort_by_key(|(s, _, _)| *s);
+    let mut objects = root();
+    for &(slot, _, impairment) in &by_slot {
+        destination_chain(&mut objects, slot, impairment);
+    }
+    let hosts = |is_host: fn(&IpNet) -> bool| -> Vec<(Slot, IpNet)> {
+        by_slot.iter().filter(|(_, d, _)| is_host(d)).map(|&(slot, d, _)| (slot, d)).collect()
+    };
+    let v4_hosts = hosts(|d| matches!(d, IpNet::V4(n) if n.prefix_len() == 32));
+    let v6_hosts = hosts(|d| matches!(d, IpNet::V6(n) if n.prefix_len() == 128));
+    host_table(&mut objects, &v4_hosts, HostTable::V4);
+    host_table(&mut objects, &v6_hosts, HostTable::V6);
+    cidr_filters(&mut objects, &by_slot);
+    objects.push(root_filter(CATCH_ALL_PRIORITY, ETH_P_ALL, catch_all()));
+    objects
+}
 
-    for &(slot, _, imp) in &by_slot {
-        let imp = imp.fields();
-        objects.push(TcObject::Class(unlimited_class(slot.class())));
-        let mut netem_parent = slot.class();
-        if let Some(tbf) = tbf_for(imp) {
-            objects.push(TcObject::Qdisc(Qdisc {
-                handle: slot.tbf(),
-                parent: slot.class(),
-                kind: QdiscKind::Tbf(tbf),
-            }));
-            netem_parent = slot.tbf_inner();
-        }
-        if imp.needs_netem() {
-            objects.push(TcObject::Qdisc(Qdisc {
-                handle: slot.netem(),
-                parent: netem_parent,
-                kind: QdiscKind::Netem(netem_for(imp)),
-            }));
+/// The HTB root and its default class.
+fn root() -> Vec<TcObject> {
+    let htb = HtbQdisc {
+        default_class: u32::from(handles::DEFAULT_CLASS_MINOR),
+        rate2quantum: HTB_RATE2QUANTUM,
+        direct_qlen: HTB_DIRECT_QLEN,
+    };
+    vec![
+        TcObject::Qdisc(Qdisc { handle: ROOT_QDISC, parent: Handle::ROOT, kind: QdiscKind::Htb(htb) }),
+        TcObject::Class(unlimited_class(DEFAULT_CLASS)),
+    ]
+}
+
+/// A destination's class, its TBF when it has a rate, its netem when it needs one.
+fn destination_chain(objects: &mut Vec<TcObject>, slot: Slot, impairment: &Impairment) {
+    let imp = impairment.fields();
+    objects.push(TcObject::Class(unlimited_class(slot.class())));
+    let mut netem_parent = slot.class();
+    if let Some(tbf) = tbf_for(imp) {
+        objects.push(TcObject::Qdisc(Qdisc { handle: slot.tbf(), parent: slot.class(), kind: QdiscKind::Tbf(tbf) }));
+        netem_parent = slot.tbf_inner();
+    }
+    if imp.needs_netem() {
+        let netem = QdiscKind::Netem(netem_for(imp));
+        objects.push(TcObject::Qdisc(Qdisc { handle: slot.netem(), parent: netem_parent, kind: netem }));
+    }
+}
+
+/// One address family's host destinations: its hash table and the filter priority and offsets it uses.
+#[derive(Clone, Copy)]
+enum HostTable {
+    V4,
+    V6,
+}
+
+impl HostTable {
+    /// (table, filter priority, protocol, offset of the destination address's last word).
+    fn parameters(self) -> (u32, u16, u16, i32) {
+        match self {
+            HostTable::V4 => (IPV4_HASH_TABLE, HOST_V4_PRIORITY, ETH_P_IP, IPV4_DST_OFFSET),
+            HostTable::V6 => (IPV6_HASH_TABLE, HOST_V6_PRIORITY, ETH_P_IPV6, IPV6_DST_OFFSET + 12),
         }
     }
+}
 
-    let hosts_v4: Vec<_> =
-        by_slot.iter().filter(|(_, d, _)| matches!(d, IpNet::V4(n) if n.prefix_len() == 32)).collect();
-    let hosts_v6: Vec<_> =
-        by_slot.iter().filter(|(_, d, _)| matches!(d, IpNet::V6(n) if n.prefix_len() == 128)).collect();
-    for (family_hosts, table, priority, protocol, hash_offset) in [
-        (&hosts_v4, IPV4_HASH_TABLE, HOST_V4_PRIORITY, ETH_P_IP, IPV4_DST_OFFSET),
-        (&hosts_v6, IPV6_HASH_TABLE, HOST_V6_PRIORITY, ETH_P_IPV6, IPV6_DST_OFFSET + 12),
-    ] {
-        if family_hosts.is_empty() {
-            continue;
-        }
-        let filter =
-            |u32f| TcObject::Filter(Filter { parent: ROOT_QDISC, priority, protocol, kind: FilterKind::U32(u32f) });
+/// The family's hash table, an entry per host in the bucket of its last address byte, and the link from the
+/// priority's root table into the hash table.
+fn host_table(objects: &mut Vec<TcObject>, hosts: &[(Slot, IpNet)], family: HostTable) {
+    if hosts.is_empty() {
+        return;
+    }
+    let (table, priority, protocol, hash_offset) = family.parameters();
+    let filter = |u32f| root_filter(priority, protocol, u32f);
+    objects.push(filter(U32Filter {
+        handle: table << 20,
+        divisor: Some(256),
+        link: None,
+        hash_table: None,
+        selector: None,
+        class_id: None,
+    }));
+    for (slot, dst) in hosts {
+        let bucket = u32::from(last_byte(dst.addr()));
+        let bucket_id = (table << 20) | (bucket << 12);
         objects.push(filter(U32Filter {
-            handle: table << 20,
-            divisor: Some(256),
-            link: None,
-            hash_table: None,
-            selector: None,
-            class_id: None,
-        }));
-        for (slot, dst, _) in family_hosts.iter() {
-            let bucket = u32::from(last_byte(dst.addr()));
-            let bucket_id = (table << 20) | (bucket << 12);
-            objects.push(filter(U32Filter {
-                handle: bucket_id | slot.u32_node(),
-                divisor: None,
-                link: None,
-                hash_table: Some(bucket_id),
-                selector: Some(U32Selector { terminal: true, hash_mask: 0, hash_offset: 0, keys: match_keys(**dst) }),
-                class_id: Some(slot.class()),
-            }));
-        }
-        objects.push(filter(U32Filter {
-            handle: LINK_NODE,
-            divisor: None,
-            link: Some(table << 20),
-            hash_table: None,
-            selector: Some(U32Selector {
-                terminal: false,
-                hash_mask: 0xff,
-                hash_offset: hash_offset as i16,
-                keys: vec![U32Key { mask: 0, value: 0, offset: hash_offset }],
-            }),
-            class_id: None,
+            handle: bucket_id | slot.u32_node(),
+            hash_table: Some(bucket_id),
+            ..entry(*slot, *dst)
         }));
     }
+    objects.push(filter(U32Filter {
+        handle: LINK_NODE,
+        divisor: None,
+        link: Some(table << 20),
+        hash_table: None,
+        selector: Some(U32Selector {
+            terminal: false,
+            hash_mask: 0xff,
+            hash_offset: hash_offset as i16,
+            keys: vec![U32Key { mask: 0, value: 0, offset: hash_offset }],
+        }),
+        class_id: None,
+    }));
+}
 
-    let mut cidrs: Vec<_> = by_slot
+/// The CIDR destinations: linear entries, one filter priority per prefix length, longest first.
+fn cidr_filters(objects: &mut Vec<TcObject>, by_slot: &[(Slot, IpNet, &Impairment)]) {
+    let mut cidrs: Vec<(u16, u16, Slot, IpNet)> = by_slot
         .iter()
         .filter(|(_, d, _)| d.prefix_len() < d.max_prefix_len())
-        .map(|(slot, dst, _)| {
+        .map(|&(slot, dst, _)| {
             let (base, protocol) = match dst {
                 IpNet::V4(_) => (CIDR_V4_PRIORITY_BASE, ETH_P_IP),
                 IpNet::V6(_) => (CIDR_V6_PRIORITY_BASE, ETH_P_IPV6),
             };
             let priority = base + u16::from(dst.max_prefix_len() - dst.prefix_len());
-            (priority, protocol, *slot, **dst)
+            (priority, protocol, slot, dst)
         })
         .collect();
     cidrs.sort_by_key(|&(priority, _, slot, _)| (priority, slot));
     for (priority, protocol, slot, dst) in cidrs {
-        objects.push(TcObject::Filter(Filter {
-            parent: ROOT_QDISC,
-            priority,
-            protocol,
-            kind: FilterKind::U32(U32Filter {
-                handle: slot.u32_node(),
-                divisor: None,
-                link: None,
-                hash_table: None,
-                selector: Some(U32Selector { terminal: true, hash_mask: 0, hash_offset: 0, keys: match_keys(dst) }),
-                class_id: Some(slot.class()),
-            }),
-        }));
+        objects.push(root_filter(priority, protocol, entry(slot, dst)));
     }
+}
 
-    objects.push(TcObject::Filter(Filter {
-        parent: ROOT_QDISC,
-        priority: CATCH_ALL_PRIORITY,
-        protocol: ETH_P_ALL,
-        kind: FilterKind::U32(U32Filter {
-            handle: LINK_NODE,
-            divisor: None,
-            link: None,
-            hash_table: None,
-            selector: Some(U32Selector {
-                terminal: true,
-                hash_mask: 0,
-                hash_offset: 0,
-                keys: vec![U32Key { mask: 0, value: 0, offset: 0 }],
-            }),
-            class_id: Some(DEFAULT_CLASS),
+/// The entry that sends packets to `dst` into the slot's class (node id = slot; the table is the caller's).
+fn entry(slot: Slot, dst: IpNet) -> U32Filter {
+    U32Filter {
+        handle: slot.u32_node(),
+        divisor: None,
+        link: None,
+        hash_table: None,
+        selector: Some(U32Selector { terminal: true, hash_mask: 0, hash_offset: 0, keys: match_keys(dst) }),
+        class_id: Some(slot.class()),
+    }
+}
+
+/// Everything no destination claims (ARP, ND, other destinations) goes to the default class.
+fn catch_all() -> U32Filter {
+    U32Filter {
+        handle: LINK_NODE,
+        divisor: None,
+        link: None,
+        hash_table: None,
+        selector: Some(U32Selector {
+            terminal: true,
+            hash_mask: 0,
+            hash_offset: 0,
+            keys: vec![U32Key { mask: 0, value: 0, offset: 0 }],
         }),
-    }));
-    objects
+        class_id: Some(DEFAULT_CLASS),
+    }
+}
+
+fn root_filter(priority: u16, protocol: u16, filter: U32Filter) -> TcObject {
+    TcObject::Filter(Filter { parent: ROOT_QDISC, priority, protocol, kind: FilterKind::U32(filter) })
 }
 
 fn unlimited_class(handle: Handle) -> Class {
