@@ -202,7 +202,7 @@ fn delete_rank(o: &TcObject) -> u8 {
     }
 }
 
-/// Operations that turn `installed` (the output of [`owned`]) into `desired` (the output of
+/// Operations that turn `installed` (the output of [`owned`](super::installed::owned)) into `desired` (the output of
 /// [`tree::build`]). Deletions carry the installed object, exactly as dumped, so they address it correctly.
 pub fn diff(installed: &[TcObject], desired: &[TcObject]) -> Vec<Operation> {
     let current: HashMap<Key, &TcObject> = installed.iter().map(|o| (key(o), o)).collect();

@@ -18,13 +18,14 @@
 //!   for adopted trees the plan does not claim.
 //! - A pod whose plan is invalid keeps what is installed for it: the error is reported, nothing is changed.
 //! - The apply runs on its own task, so a caller that disconnects does not cut it off half-way.
-//! - Each pod keeps one [`Datapath`] (one netlink connection in its namespace) across plans, dropped when the
-//!   pod leaves the plan or its sandbox (namespace) changes. Plans go through [`Datapath::update`]: against the
-//!   record of what was last installed, so an unchanged plan sends nothing and needs no dump, and a changed one
-//!   sends only the difference. Without a record — a new connection (new pod, new sandbox, agent restart), a
-//!   fresh install (the kernel picked some filter handles), any refusal — `update` takes the full path (dump,
-//!   diff, send) once. Because `update` trusts its record, a periodic resync ([`Node::resync`]) runs the full
-//!   path on every pod so that changes made behind isthmus's back are found and repaired.
+//! - Each pod keeps one [`Datapath`](crate::datapath::Datapath) (one netlink connection in its namespace)
+//!   across plans, dropped when the pod leaves the plan or its sandbox (namespace) changes. Plans go through
+//!   `Datapath::update`: against the record of what was last installed, so an unchanged plan sends nothing and
+//!   needs no dump, and a changed one sends only the difference. Without a record — a new connection (new pod,
+//!   new sandbox, agent restart), a fresh install (the kernel picked some filter handles), any refusal —
+//!   `update` takes the full path (dump, diff, send) once. Because `update` trusts its record, a periodic resync
+//!   ([`Node::resync`]) runs the full path on every pod so that changes made behind isthmus's back are found
+//!   and repaired.
 //! - Memory (a node of 100 pods × 100 destinations must stay small): a plan is parsed pod by pod (one pod's JSON
 //!   tree at a time, never the whole plan's); each destination is kept as its address plus an impairment and a
 //!   link shared with every other destination that has the same; a pod's desired state (which shares those
@@ -50,8 +51,6 @@ pub use self::cleanup::cleanup;
 pub use self::plan::{PlanPod, RawNodePlan};
 use self::state::{Applied, Snapshot};
 use self::trees::Trees;
-#[cfg(doc)]
-use crate::datapath::Datapath;
 use crate::metrics::Metrics;
 use crate::netns::{Resolver, Sources};
 
