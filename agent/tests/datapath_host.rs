@@ -233,9 +233,49 @@ async fn a_thousand_destinations_install_idempotently_and_classify_the_last_one(
     assert!(tc(&pair.a, &["class", "show", "dev", "va"]).trim().is_empty());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_probe_finds_this_kernels_qdiscs_in_a_scratch_namespace() {
-    let caps = isthmus_agent::datapath::probe().await;
+/// The threads of a runtime built for one test, recorded as they start: other tests of this binary run at the same
+/// time and have threads of their own inside namespaces (the datapath's enter-work-end threads), so the check
+/// below looks at this test's runtime only.
+fn recorded_runtime() -> (tokio::runtime::Runtime, std::sync::Arc<std::sync::Mutex<Vec<libc::pid_t>>>) {
+    let tids = std::sync::Arc::new(std::sync::Mutex::new(vec![gettid()]));
+    let record = tids.clone();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .on_thread_start(move || record.lock().unwrap().push(gettid()))
+        .build()
+        .unwrap();
+    (runtime, tids)
+}
+
+fn gettid() -> libc::pid_t {
+    // SAFETY: gettid has no preconditions and cannot fail.
+    unsafe { libc::gettid() }
+}
+
+/// Every recorded runtime thread (and the test's own) is still in this process's network namespace.
+fn assert_runtime_threads_home(tids: &std::sync::Mutex<Vec<libc::pid_t>>) {
+    let own = std::fs::metadata("/proc/self/ns/net").map(|m| std::os::unix::fs::MetadataExt::ino(&m)).unwrap();
+    // Workers record themselves when they start, which can trail the runtime's construction a little.
+    for _ in 0..200 {
+        if tids.lock().unwrap().len() >= 3 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let tids = tids.lock().unwrap();
+    assert!(tids.len() >= 3, "the runtime's two workers were not recorded: {tids:?}");
+    for tid in tids.iter() {
+        if let Ok(m) = std::fs::metadata(format!("/proc/self/task/{tid}/ns/net")) {
+            assert_eq!(std::os::unix::fs::MetadataExt::ino(&m), own, "runtime thread {tid} left in another namespace");
+        }
+    }
+}
+
+#[test]
+fn the_probe_finds_this_kernels_qdiscs_in_a_scratch_namespace() {
+    let (runtime, tids) = recorded_runtime();
+    let caps = runtime.block_on(isthmus_agent::datapath::probe());
     assert!(caps.htb && caps.tbf && caps.u32, "{caps:?}");
     assert!(!caps.kernel_release.is_empty());
     // The probe needs both netem and htb to test the duplicate restriction; without netem it reports none.
@@ -243,36 +283,20 @@ async fn the_probe_finds_this_kernels_qdiscs_in_a_scratch_namespace() {
         assert!(!caps.duplicate_restricted);
     }
     // The probe's thread entered the scratch namespace and ended; no runtime thread is left there.
-    let own = std::fs::metadata("/proc/self/ns/net").map(|m| std::os::unix::fs::MetadataExt::ino(&m)).unwrap();
-    for t in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
-        if let Ok(m) = std::fs::metadata(t.path().join("ns/net")) {
-            assert_eq!(
-                std::os::unix::fs::MetadataExt::ino(&m),
-                own,
-                "thread {:?} left in another namespace",
-                t.file_name()
-            );
-        }
-    }
+    assert_runtime_threads_home(&tids);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn open_enters_the_namespace_without_moving_runtime_threads() {
+#[test]
+fn open_enters_the_namespace_without_moving_runtime_threads() {
+    let (runtime, tids) = recorded_runtime();
     let pair = Pair::new("enter");
-    let own = std::fs::metadata("/proc/self/ns/net").map(|m| std::os::unix::fs::MetadataExt::ino(&m)).unwrap();
-    let datapath = pair.datapath().await;
+    let datapath = runtime.block_on(pair.datapath());
     let target =
         std::fs::metadata(format!("/run/netns/{}", pair.a)).map(|m| std::os::unix::fs::MetadataExt::ino(&m)).unwrap();
     assert_eq!(datapath.netns().to_string(), format!("net:[{target}]"));
     // The interface exists only in the pod's namespace: the socket is there, the runtime is not.
-    datapath.reconcile("va", &DesiredState::empty()).await.unwrap();
-    let threads = std::fs::read_dir("/proc/self/task").unwrap();
-    for t in threads.flatten() {
-        let ns = std::fs::metadata(t.path().join("ns/net")).map(|m| std::os::unix::fs::MetadataExt::ino(&m));
-        if let Ok(ns) = ns {
-            assert_eq!(ns, own, "thread {:?} left in another namespace", t.file_name());
-        }
-    }
+    runtime.block_on(datapath.reconcile("va", &DesiredState::empty())).unwrap();
+    assert_runtime_threads_home(&tids);
 }
 
 /// `(filter handle, class)` of the u32 entry matching `hex_address` (as `tc` prints a match, e.g. "0a4d0003"):

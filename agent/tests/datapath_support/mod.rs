@@ -114,7 +114,9 @@ impl Pair {
                 match conn.read(&mut buf) {
                     Ok(0) => break,
                     Ok(n) => received += n as u64,
-                    Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+                    Err(e)
+                        if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {
+                    }
                     Err(e) => panic!("receive: {e}"),
                 }
             }
@@ -131,7 +133,7 @@ impl Pair {
             let len = chunk.len().min((bytes - sent) as usize);
             match sender.write(&chunk[..len]) {
                 Ok(n) => sent += n as u64,
-                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {}
                 Err(e) => panic!("send: {e}"),
             }
         }

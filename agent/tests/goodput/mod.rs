@@ -31,7 +31,7 @@ pub fn steady_goodput_bps(listener: TcpListener, sender: TcpStream) -> f64 {
         while start.elapsed() < TRANSFER {
             match sender.write(&chunk) {
                 Ok(_) => {}
-                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {}
                 Err(_) => break,
             }
         }
@@ -45,7 +45,9 @@ pub fn steady_goodput_bps(listener: TcpListener, sender: TcpStream) -> f64 {
         let n = match receiver.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => n as u64,
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => continue,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {
+                continue;
+            }
             Err(e) => panic!("receive: {e}"),
         };
         let now = Instant::now();

@@ -304,7 +304,7 @@ fn receive(
                     corrupted += 1;
                 }
             }
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {}
             Err(e) => return Err(e).context("receiving the test stream"),
         }
     }
@@ -354,7 +354,9 @@ impl Bulk {
                         last = Instant::now();
                         bytes += n as u64;
                     }
-                    Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+                    Err(e)
+                        if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {
+                    }
                     Err(e) => return Err(e).context("reading the bulk stream"),
                 }
             }
@@ -380,7 +382,9 @@ impl Bulk {
             while Instant::now() < end {
                 match conn.write(&buf) {
                     Ok(n) => written += n as u64,
-                    Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+                    Err(e)
+                        if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {
+                    }
                     Err(e) => return Err(e).context("writing the bulk stream"),
                 }
             }
