@@ -1,11 +1,13 @@
 //! isthmus-probe: measures what a NetworkLink does to traffic between two pods.
 //!
 //! One pod runs `isthmus-probe serve`; another runs `rtt` or `throughput` against it and gets one
-//! JSON object on stdout. Errors go to stderr with a non-zero exit status.
+//! JSON object on stdout; `counters` prints the pod's own IP and UDP counters. Errors go to stderr with a non-zero exit status.
 
+mod counters;
 mod error;
 mod rtt;
 mod serve;
+mod sockopt;
 mod stats;
 mod throughput;
 mod wire;
@@ -61,7 +63,7 @@ enum Command {
     /// A probe counts as received when its first echo arrives within --timeout-ms of sending;
     /// echoes after that are `late` and count as lost. Prints:
     /// {"proto", "target", "size", "interval_ms", "timeout_ms", "sent", "received", "lost", "late",
-    /// "loss_ratio", "duplicates", "reordered",
+    /// "loss_ratio", "duplicates", "reordered", "corrupted", "loss_bursts",
     /// "rtt_ms": {"min", "mean", "p50", "p90", "p99", "max", "stddev", "jitter"}}.
     /// lost = sent - received; loss_ratio = lost / sent; duplicates = extra copies of an echo;
     /// reordered = first echoes arriving after an echo of a higher sequence number;
@@ -87,7 +89,21 @@ enum Command {
         /// Probe size in bytes (UDP payload or TCP frame), 24 to 65507.
         #[arg(long, default_value_t = 64)]
         size: usize,
+        /// Also print every probe: "samples": [[sent ms after the first probe, rtt ms or null], ...].
+        #[arg(long)]
+        samples: bool,
+        /// UDP without a checksum (IPv4): corrupted probes reach the echo instead of being dropped on the way, and
+        /// replies whose bytes changed are counted as "corrupted".
+        #[arg(long)]
+        no_udp_checksum: bool,
+        /// After printing the report, wait until terminated: a container that measures from its own start keeps
+        /// running (and its report in its log) instead of being restarted.
+        #[arg(long)]
+        hold: bool,
     },
+    /// This network namespace's IP and UDP counters (/proc/net/snmp) as JSON: where a corrupted datagram
+    /// shows up at the receiver (`udp.InCsumErrors`, `ip.InHdrErrors`).
+    Counters,
     /// Throughput: TCP bulk to the sink for --seconds, measured at the receiver.
     ///
     /// Each of --streams connections writes for --seconds, then shuts down its sending side and
@@ -144,7 +160,14 @@ fn execute(command: Command) -> Result<()> {
                 idle_timeout: Duration::from_secs(idle_timeout_secs.max(1)),
             })
         }
-        Command::Rtt { target, proto, count, interval_ms, timeout_ms, size } => {
+        Command::Counters => {
+            println!("{}", counters::read()?);
+            Ok(())
+        }
+        Command::Rtt { target, proto, count, interval_ms, timeout_ms, size, samples, no_udp_checksum, hold } => {
+            if hold {
+                exit_on_termination_signals();
+            }
             let report = rtt::run(&rtt::RttOptions {
                 target: resolve(&target)?,
                 proto: match proto {
@@ -155,8 +178,17 @@ fn execute(command: Command) -> Result<()> {
                 interval: Duration::from_millis(interval_ms),
                 timeout: Duration::from_millis(timeout_ms),
                 size,
+                samples,
+                no_udp_checksum,
             })?;
             println!("{report}");
+            if hold {
+                use std::io::Write;
+                let _ = std::io::stdout().flush();
+                loop {
+                    std::thread::park();
+                }
+            }
             Ok(())
         }
         Command::Throughput { target, seconds, streams, connect_timeout_ms, drain_timeout_ms } => {

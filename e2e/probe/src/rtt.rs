@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use crate::error::{Context, ProbeError, Result};
 use crate::stats::{ReplyKind, RttSummary, SequenceTracker};
-use crate::wire::{HEADER_LEN, MAX_FRAME_LEN, Probe};
+use crate::wire::{HEADER_LEN, MAX_FRAME_LEN, Probe, fill_padding, padding_intact};
 
 /// Probe bytes a TCP run may have sent and not yet seen echoed.
 const TCP_BYTES_IN_FLIGHT: u64 = 1 << 20;
@@ -35,6 +35,11 @@ pub struct RttOptions {
     pub interval: Duration,
     pub timeout: Duration,
     pub size: usize,
+    /// Report every probe: when it was sent (ms after the first) and its round trip (null if lost).
+    pub samples: bool,
+    /// Send UDP without a checksum (IPv4), so a corrupted probe reaches the echo instead of being dropped by the
+    /// first kernel that checks it; corrupted replies are then counted (`corrupted`).
+    pub no_udp_checksum: bool,
 }
 
 /// Sends and receives whole probe frames.
@@ -142,6 +147,9 @@ pub fn run(options: &RttOptions) -> Result<Value> {
                 if target.is_ipv4() { "0.0.0.0:0".parse().unwrap() } else { "[::]:0".parse().unwrap() };
             let socket = UdpSocket::bind(local).context(|| "binding a UDP socket".into())?;
             socket.connect(target).context(|| format!("setting the UDP peer {target}"))?;
+            if options.no_udp_checksum {
+                crate::sockopt::disable_udp_checksum(&socket)?;
+            }
             Box::new(UdpTransport { socket, buf: vec![0; MAX_FRAME_LEN], len: 0 })
         }
         Proto::Tcp => {
@@ -171,6 +179,10 @@ pub fn run(options: &RttOptions) -> Result<Value> {
     let run_id = run_id();
     let mut tracker = SequenceTracker::new(options.count);
     let mut samples_ms = Vec::with_capacity(options.count as usize);
+    // per sequence number: (sent, ms after start; round trip in ms when answered in time)
+    let mut per_probe: Vec<(f64, Option<f64>)> = Vec::with_capacity(options.count as usize);
+    // first replies whose padding changed on the way
+    let mut corrupted = 0u64;
     let mut frame = vec![0u8; options.size];
     let start = Instant::now();
     let mut next_send = start;
@@ -182,6 +194,8 @@ pub fn run(options: &RttOptions) -> Result<Value> {
         if tracker.sent() < options.count && now >= next_send && !window_full {
             let seq = tracker.record_sent();
             Probe { run_id, seq, sent_ns: nanos_since(start, now) }.encode(&mut frame);
+            fill_padding(&mut frame, seq);
+            per_probe.push((nanos_since(start, now) as f64 / 1e6, None));
             transport.send(&frame)?;
             last_send = now;
             // A fixed schedule: a late send does not push the later ones back, so the run's length
@@ -214,14 +228,20 @@ pub fn run(options: &RttOptions) -> Result<Value> {
         let Some(probe) = Probe::decode(reply, run_id) else {
             continue;
         };
+        let intact = padding_intact(reply, probe.seq);
         let rtt = Duration::from_nanos(nanos_since(start, arrived).saturating_sub(probe.sent_ns));
-        if let ReplyKind::Fresh { .. } = tracker.record_reply(probe.seq, rtt <= options.timeout) {
+        let kind = tracker.record_reply(probe.seq, rtt <= options.timeout);
+        if !intact && matches!(kind, ReplyKind::Fresh { .. } | ReplyKind::Late) {
+            corrupted += 1;
+        }
+        if let ReplyKind::Fresh { .. } = kind {
             samples_ms.push(rtt.as_secs_f64() * 1000.0);
+            per_probe[probe.seq as usize].1 = Some(rtt.as_secs_f64() * 1000.0);
         }
     }
 
     let summary = RttSummary::from_samples(&samples_ms);
-    Ok(json!({
+    let mut report = json!({
         "proto": options.proto.name(),
         "target": target.to_string(),
         "size": options.size,
@@ -234,8 +254,15 @@ pub fn run(options: &RttOptions) -> Result<Value> {
         "loss_ratio": tracker.loss_ratio(),
         "duplicates": tracker.duplicates(),
         "reordered": tracker.reordered(),
+        "corrupted": corrupted,
+        "loss_bursts": tracker.loss_bursts().to_json(),
         "rtt_ms": RttSummary::to_json(summary.as_ref()),
-    }))
+    });
+    if options.samples {
+        let round = |ms: f64| (ms * 1000.0).round() / 1000.0;
+        report["samples"] = per_probe.iter().map(|(at, rtt)| json!([round(*at), rtt.map(round)])).collect();
+    }
+    Ok(report)
 }
 
 fn remaining(deadline: Instant) -> Option<Duration> {
@@ -277,6 +304,8 @@ mod tests {
             interval: Duration::from_millis(10),
             timeout: Duration::from_secs(1),
             size: 64,
+            samples: false,
+            no_udp_checksum: false,
         }
     }
 

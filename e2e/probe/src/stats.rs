@@ -119,6 +119,42 @@ impl SequenceTracker {
     pub fn loss_ratio(&self) -> f64 {
         if self.sent == 0 { 0.0 } else { self.lost() as f64 / self.sent as f64 }
     }
+
+    /// Runs of consecutive lost probes, in sequence order: what a Gilbert–Elliott link's bad state shows as.
+    pub fn loss_bursts(&self) -> LossBursts {
+        let mut bursts = LossBursts::default();
+        let mut run = 0u64;
+        let lost = |s: &SeqState| *s != SeqState::Answered;
+        for state in self.states.iter().take(self.sent as usize).map(Some).chain([None]) {
+            match state {
+                Some(s) if lost(s) => run += 1,
+                _ if run > 0 => {
+                    bursts.count += 1;
+                    bursts.lost += run;
+                    bursts.max_length = bursts.max_length.max(run);
+                    run = 0;
+                }
+                _ => {}
+            }
+        }
+        bursts
+    }
+}
+
+/// Runs of consecutive lost probes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LossBursts {
+    pub count: u64,
+    /// Probes lost in all the runs (= lost).
+    pub lost: u64,
+    pub max_length: u64,
+}
+
+impl LossBursts {
+    pub fn to_json(self) -> Value {
+        let mean = if self.count == 0 { Value::Null } else { json!(self.lost as f64 / self.count as f64) };
+        json!({"count": self.count, "mean_length": mean, "max_length": self.max_length})
+    }
 }
 
 /// Summary of round-trip samples, in milliseconds.
@@ -126,6 +162,7 @@ impl SequenceTracker {
 pub struct RttSummary {
     pub min: f64,
     pub mean: f64,
+    pub p10: f64,
     pub p50: f64,
     pub p90: f64,
     pub p99: f64,
@@ -156,6 +193,7 @@ impl RttSummary {
         Some(RttSummary {
             min: sorted[0],
             mean,
+            p10: percentile(&sorted, 10.0),
             p50: percentile(&sorted, 50.0),
             p90: percentile(&sorted, 90.0),
             p99: percentile(&sorted, 99.0),
@@ -170,6 +208,7 @@ impl RttSummary {
             Some(s) => json!({
                 "min": round_us(s.min),
                 "mean": round_us(s.mean),
+                "p10": round_us(s.p10),
                 "p50": round_us(s.p50),
                 "p90": round_us(s.p90),
                 "p99": round_us(s.p99),
@@ -178,7 +217,7 @@ impl RttSummary {
                 "jitter": round_us(s.jitter),
             }),
             None => json!({
-                "min": null, "mean": null, "p50": null, "p90": null, "p99": null,
+                "min": null, "mean": null, "p10": null, "p50": null, "p90": null, "p99": null,
                 "max": null, "stddev": null, "jitter": null,
             }),
         }
@@ -231,6 +270,7 @@ mod tests {
         assert_eq!(s.min, 2.0);
         assert_eq!(s.max, 8.0);
         assert_eq!(s.mean, 5.0);
+        assert_eq!(s.p10, 2.0);
         assert_eq!(s.p50, 4.0);
         assert_eq!(s.p90, 8.0);
         assert!((s.stddev - 5.0f64.sqrt()).abs() < 1e-12);
@@ -314,6 +354,27 @@ mod tests {
         assert_eq!(t.record_reply(1, true), ReplyKind::Unknown);
         assert_eq!(t.record_reply(99, true), ReplyKind::Unknown);
         assert_eq!((t.received(), t.duplicates()), (0, 0));
+    }
+
+    #[test]
+    fn loss_bursts_are_runs_of_consecutive_lost_probes() {
+        let mut t = sent(10);
+        // answered: 0 3 4 8; lost: 1-2 (run of 2), 5-7 (run of 3, 6 late), 9 (run of 1, at the end)
+        for seq in [0, 3, 4, 8] {
+            t.record_reply(seq, true);
+        }
+        t.record_reply(6, false);
+        let b = t.loss_bursts();
+        assert_eq!((b.count, b.lost, b.max_length), (3, 6, 3));
+        assert_eq!(b.lost, t.lost());
+        assert_eq!(b.to_json()["mean_length"], json!(2.0));
+        let none = sent(3);
+        let mut all = sent(3);
+        (0..3).for_each(|s| {
+            all.record_reply(s, true);
+        });
+        assert_eq!(none.loss_bursts(), LossBursts { count: 1, lost: 3, max_length: 3 });
+        assert_eq!(all.loss_bursts().to_json()["mean_length"], Value::Null);
     }
 
     #[test]

@@ -40,6 +40,23 @@ impl Probe {
     }
 }
 
+/// The padding after the header carries a pattern derived from the sequence number, so that a reply whose bytes
+/// were changed on the way (a corrupting link, with the UDP checksum off) is recognised.
+fn pattern(seq: u64, i: usize) -> u8 {
+    (seq.wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left((i % 64) as u32) ^ i as u64) as u8
+}
+
+pub fn fill_padding(frame: &mut [u8], seq: u64) {
+    for (i, b) in frame.iter_mut().enumerate().skip(HEADER_LEN) {
+        *b = pattern(seq, i);
+    }
+}
+
+/// Whether the padding is still what `fill_padding` wrote for `seq`.
+pub fn padding_intact(frame: &[u8], seq: u64) -> bool {
+    frame.iter().enumerate().skip(HEADER_LEN).all(|(i, b)| *b == pattern(seq, i))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -54,5 +71,20 @@ mod tests {
         assert_eq!(Probe::decode(&frame[..HEADER_LEN - 1], 0xdead_beef), None, "truncated");
         frame[0] = b'X';
         assert_eq!(Probe::decode(&frame, 0xdead_beef), None, "bad magic");
+    }
+
+    #[test]
+    fn a_flipped_padding_bit_is_noticed() {
+        let mut frame = vec![0u8; 1000];
+        fill_padding(&mut frame, 7);
+        assert!(padding_intact(&frame, 7));
+        assert!(!padding_intact(&frame, 8), "another probe's pattern");
+        for at in [HEADER_LEN, 500, 999] {
+            frame[at] ^= 0x10;
+            assert!(!padding_intact(&frame, 7), "flip at {at}");
+            frame[at] ^= 0x10;
+        }
+        frame[3] ^= 1;
+        assert!(padding_intact(&frame, 7), "the header is not padding");
     }
 }
