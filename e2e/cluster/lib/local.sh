@@ -1,149 +1,22 @@
-# The local provider: a real cluster from processes on this machine. Sourced by ../cluster.
+# The local provider: a real cluster from processes on this machine, each node a network namespace on the
+# bridge of net.sh, sharing this machine's kernel. Sourced by ../cluster after net.sh, pki.sh and
+# control-plane.sh.
 #
-# Network (see ../README.md): every address is in 198.18.0.0/15 (RFC 2544, reserved for benchmark tests), on a
-# bridge and in network namespaces this rig creates; the host gets an unreachable route for the whole range, so
-# nothing of the cluster's can follow the default route out.
-#
-#   host netns   isthbr0 198.18.0.1/24   kube-apiserver :6443; etcd, controller-manager, scheduler on 127.0.0.1
-#                route 198.18.0.0/15 unreachable; route <node i pod /24> via 198.18.0.(1+i)
 #   node i       netns file $CLUSTER_DIR/node<i>/netns, veth isth-n<i> <-> eth0 198.18.0.(1+i)/24, no default route
 #                containerd, kubelet (:10250), kube-proxy (iptables), CNI bridge cni0 = first address of the pod /24
-#   pods         198.19.0.0/16, a /24 per node        services 198.18.16.0/20 (kubernetes = 198.18.16.1)
-RESERVED_RANGE=198.18.0.0/15
-NODE_NET=198.18.0
-BRIDGE=isthbr0
-BRIDGE_IP=$NODE_NET.1
-API_PORT=6443
-SERVICE_CIDR=198.18.16.0/20
-KUBERNETES_SERVICE_IP=198.18.16.1
-CLUSTER_CIDR=198.19.0.0/16
-PAUSE_IMAGE=localhost/isthmus-pause:$K8S_VERSION
-CNI_BIN_DIR=/usr/lib/cni
-PKI=$CLUSTER_DIR/pki
+
+in_node() { local i=$1; shift; nsenter --net="$(node_netns "$i")" "$@"; }
+local_node_exec() { in_node "$@"; }
+node_netns() { echo "$(node_dir "$1")/netns"; }
+host_veth() { echo "isth-n$1"; }
+cgroup_root() { echo "$CLUSTER_NAME-node$1"; }
 # Paths kubelet, containerd and libcni use whatever their configuration says; `down` removes what we left there.
 HARDCODED_DIRS=(/var/lib/kubelet/device-plugins /var/lib/kubelet /var/log/containers /var/log/pods
                 /var/lib/cni/results /var/lib/cni /run/containerd/s /run/containerd/fifo /run/containerd)
 
-node_ip() { echo "$NODE_NET.$((1 + $1))"; }
-node_name() { echo "$CLUSTER_NAME-node$1"; }
-node_dir() { echo "$CLUSTER_DIR/node$1"; }
-node_netns() { echo "$(node_dir "$1")/netns"; }
-in_node() { local i=$1; shift; nsenter --net="$(node_netns "$i")" "$@"; }
-local_node_exec() { in_node "$@"; }
-host_veth() { echo "isth-n$1"; }
-cgroup_root() { echo "$CLUSTER_NAME-node$1"; }
-node_indices() { local d; for d in "$CLUSTER_DIR"/node[0-9]*; do [ -d "$d" ] && echo "${d##*/node}"; done | sort -n; }
-
 local_install() {
   "$CLUSTER_HOME/lib/install-debs.sh"
   "$CLUSTER_HOME/lib/install-k8s.sh" >/dev/null
-}
-
-# ------------------------------------------------------------------------------------------------ PKI
-# cert NAME CN [O] [SANS]: an EC P-256 key and a certificate signed by the cluster CA; with SANS it also serves.
-cert() {
-  local name=$1 cn=$2 o=${3:-} san=${4:-} subj
-  subj="/CN=$cn"; [ -z "$o" ] || subj="/O=$o/CN=$cn"
-  openssl ecparam -name prime256v1 -genkey -noout -out "$PKI/$name.key"
-  openssl req -new -key "$PKI/$name.key" -subj "$subj" -out "$PKI/$name.csr" 2>/dev/null
-  {
-    echo "basicConstraints=CA:FALSE"
-    echo "keyUsage=critical,digitalSignature,keyEncipherment"
-    if [ -n "$san" ]; then echo "extendedKeyUsage=serverAuth,clientAuth"; echo "subjectAltName=$san"
-    else echo "extendedKeyUsage=clientAuth"; fi
-  } >"$PKI/$name.ext"
-  openssl x509 -req -in "$PKI/$name.csr" -CA "$PKI/ca.crt" -CAkey "$PKI/ca.key" -CAcreateserial -days 30 \
-    -extfile "$PKI/$name.ext" -out "$PKI/$name.crt" 2>/dev/null
-  rm -f "$PKI/$name.csr" "$PKI/$name.ext"
-}
-# kubeconfig_for OUT CERT SERVER
-kubeconfig_for() {
-  cat >"$1" <<EOF
-apiVersion: v1
-kind: Config
-clusters:
-- name: $CLUSTER_NAME
-  cluster: {server: "$3", certificate-authority: "$PKI/ca.crt"}
-users:
-- name: $2
-  user: {client-certificate: "$PKI/$2.crt", client-key: "$PKI/$2.key"}
-contexts:
-- name: $CLUSTER_NAME
-  context: {cluster: $CLUSTER_NAME, user: $2}
-current-context: $CLUSTER_NAME
-EOF
-}
-pki_up() { # API_HOST
-  local api_host=$1
-  mkdir -p "$PKI"
-  openssl ecparam -name prime256v1 -genkey -noout -out "$PKI/ca.key"
-  openssl req -x509 -new -key "$PKI/ca.key" -subj "/CN=$CLUSTER_NAME-ca" -days 30 -out "$PKI/ca.crt"
-  openssl genrsa -out "$PKI/sa.key" 2048 2>/dev/null
-  openssl rsa -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub" 2>/dev/null
-  cert apiserver kube-apiserver "" \
-    "IP:$api_host,IP:127.0.0.1,IP:$KUBERNETES_SERVICE_IP,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
-  cert apiserver-kubelet-client kube-apiserver-kubelet-client system:masters
-  cert admin admin system:masters
-  cert controller-manager system:kube-controller-manager
-  cert scheduler system:kube-scheduler
-  cert kube-proxy system:kube-proxy
-  local server=https://$api_host:$API_PORT c
-  for c in controller-manager scheduler kube-proxy; do kubeconfig_for "$CLUSTER_DIR/$c.kubeconfig" $c "$server"; done
-  # Written last: its presence means "the API server this names is (being) started".
-  kubeconfig_for "$CLUSTER_DIR/kubeconfig.tmp" admin "$server"
-}
-
-# ------------------------------------------------------------------------------------------------ control plane
-control_plane_up() { # API_HOST [--no-scheduler]
-  local api_host=$1 scheduler=${2:-} ec ep
-  ec=$(free_port); ep=$(free_port)
-  start_bg etcd "$K8S_BIN/etcd" --name "$CLUSTER_NAME" --data-dir "$CLUSTER_DIR/etcd" --unsafe-no-fsync \
-    --listen-client-urls "http://127.0.0.1:$ec" --advertise-client-urls "http://127.0.0.1:$ec" \
-    --listen-peer-urls "http://127.0.0.1:$ep" --initial-advertise-peer-urls "http://127.0.0.1:$ep" \
-    --initial-cluster "$CLUSTER_NAME=http://127.0.0.1:$ep"
-  wait_for "etcd health" 30 etcd curl -sf "http://127.0.0.1:$ec/health"
-  local extra=()
-  # On loopback the apiserver cannot publish itself as the `kubernetes` endpoint (it refuses loopback addresses).
-  [ "$api_host" != 127.0.0.1 ] || extra+=(--endpoint-reconciler-type=none)
-  start_bg kube-apiserver "$K8S_BIN/kube-apiserver" \
-    --bind-address="$api_host" --advertise-address="$api_host" --secure-port="$API_PORT" \
-    --etcd-servers="http://127.0.0.1:$ec" \
-    --tls-cert-file="$PKI/apiserver.crt" --tls-private-key-file="$PKI/apiserver.key" --client-ca-file="$PKI/ca.crt" \
-    --kubelet-client-certificate="$PKI/apiserver-kubelet-client.crt" \
-    --kubelet-client-key="$PKI/apiserver-kubelet-client.key" \
-    --kubelet-certificate-authority="$PKI/ca.crt" --kubelet-preferred-address-types=InternalIP \
-    --service-cluster-ip-range="$SERVICE_CIDR" \
-    --service-account-issuer=https://kubernetes.default.svc.cluster.local \
-    --service-account-key-file="$PKI/sa.pub" --service-account-signing-key-file="$PKI/sa.key" \
-    --authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction --allow-privileged=true \
-    --profiling=false "${extra[@]}"
-  mv "$CLUSTER_DIR/kubeconfig.tmp" "$CLUSTER_DIR/kubeconfig"
-  wait_for "kube-apiserver /readyz" 90 kube-apiserver kc get --raw /readyz
-  log "kube-apiserver ready on https://$api_host:$API_PORT"
-  local cm=$CLUSTER_DIR/controller-manager.kubeconfig node_cidrs=()
-  [ -n "$scheduler" ] || node_cidrs=(--allocate-node-cidrs=true --cluster-cidr="$CLUSTER_CIDR" --node-cidr-mask-size=24)
-  # --secure-port=0: neither controller-manager nor scheduler opens a listening socket.
-  start_bg kube-controller-manager "$K8S_BIN/kube-controller-manager" \
-    --kubeconfig="$cm" --authentication-kubeconfig="$cm" --authorization-kubeconfig="$cm" \
-    --secure-port=0 --leader-elect=false --controllers='*' \
-    --service-account-private-key-file="$PKI/sa.key" --root-ca-file="$PKI/ca.crt" \
-    --use-service-account-credentials=true --service-cluster-ip-range="$SERVICE_CIDR" "${node_cidrs[@]}"
-  if [ -z "$scheduler" ]; then
-    local sc=$CLUSTER_DIR/scheduler.kubeconfig
-    start_bg kube-scheduler "$K8S_BIN/kube-scheduler" \
-      --kubeconfig="$sc" --authentication-kubeconfig="$sc" --authorization-kubeconfig="$sc" \
-      --secure-port=0 --leader-elect=false
-  fi
-}
-
-# ------------------------------------------------------------------------------------------------ network
-network_up() {
-  ip link add "$BRIDGE" type bridge
-  ip addr add "$BRIDGE_IP/24" dev "$BRIDGE"
-  ip link set "$BRIDGE" up
-  # Longest prefix wins: the bridge's /24 and the pod /24s (added per node) are reachable, everything else in
-  # the range is refused here instead of following the default route.
-  ip route add unreachable "$RESERVED_RANGE"
 }
 
 node_network_up() { # I
@@ -292,22 +165,6 @@ EOF
     --config="$d/kube-proxy.yaml" --v=1
 }
 
-# Routes to each node's pod /24 from the host and from every other node, once the controller-manager
-# allocated them.
-pod_routes_up() {
-  local i j cidr
-  for i in $(node_indices); do
-    cidr=$(kc get node "$(node_name "$i")" -o jsonpath='{.spec.podCIDR}')
-    [ -n "$cidr" ] || die "$(node_name "$i") has no pod CIDR"
-    ip route replace "$cidr" via "$(node_ip "$i")" dev "$BRIDGE"
-    for j in $(node_indices); do
-      [ "$i" = "$j" ] || in_node "$j" ip route replace "$cidr" via "$(node_ip "$i")" dev eth0
-    done
-  done
-}
-
-node_has_pod_cidr() { [ -n "$(kc get node "$1" -o jsonpath='{.spec.podCIDR}' 2>/dev/null)" ]; }
-
 # ------------------------------------------------------------------------------------------------ commands
 local_up() { # NODES CONTROL_PLANE_ONLY
   local nodes=$1 cp_only=$2 t i
@@ -351,7 +208,7 @@ local_up() { # NODES CONTROL_PLANE_ONLY
   for i in $(node_indices); do
     wait_for "$(node_name "$i") pod CIDR" 60 "$(node_name "$i")-kubelet" node_has_pod_cidr "$(node_name "$i")"
   done
-  pod_routes_up
+  pod_routes_up local_node_exec
   for i in $(node_indices); do
     wait_for "$(node_name "$i") Ready" 120 "$(node_name "$i")-kubelet" \
       kc wait --for=condition=Ready "node/$(node_name "$i")" --timeout=2s

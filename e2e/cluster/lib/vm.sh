@@ -1,6 +1,7 @@
 # The vm provider: the local provider's control plane on this machine, and each node a guest running a stock
 # distribution kernel with sch_netem, so that latency, loss and the rest can be measured between real pods
-# here. Sourced by ../cluster, after local.sh (whose control plane, PKI, bridge and routes it shares).
+# here. Sourced by ../cluster after net.sh, pki.sh, control-plane.sh and local.sh (the control-plane-only mode
+# and the install step are the local provider's).
 #
 #   host netns   isthbr0 198.18.0.1/24, kube-apiserver :6443 (as the local provider); tap isth-t<i> per node
 #   node i       a guest: Debian bookworm's stock kernel under QEMU's emulation (ISTHMUS_VM_KERNEL=bookworm,
@@ -243,7 +244,7 @@ vm_up() { # NODES CONTROL_PLANE_ONLY
   for i in $(node_indices); do
     wait_for "$(node_name "$i") pod CIDR" 180 "$(node_name "$i")-vm" node_has_pod_cidr "$(node_name "$i")"
   done
-  vm_pod_routes_up
+  pod_routes_up vm_node_exec
   for i in $(node_indices); do
     wait_for "$(node_name "$i") Ready" 180 "$(node_name "$i")-vm" \
       kc wait --for=condition=Ready "node/$(node_name "$i")" --timeout=2s
@@ -259,19 +260,6 @@ vm_up_failed() {
   log "up failed (exit $rc); tearing down what was started (logs: $CLUSTER_DIR/logs)"
   vm_down
   exit $rc
-}
-
-# Routes to each node's pod /24: from this machine and from every other guest.
-vm_pod_routes_up() {
-  local i j cidr
-  for i in $(node_indices); do
-    cidr=$(kc get node "$(node_name "$i")" -o jsonpath='{.spec.podCIDR}')
-    ip route replace "$cidr" via "$(node_ip "$i")" dev "$BRIDGE"
-    for j in $(node_indices); do
-      [ "$i" = "$j" ] || vm_exec "$j" ip route replace "$cidr" via "$(node_ip "$i")" dev eth0 >/dev/null ||
-        die "node $j: no route to $cidr"
-    done
-  done
 }
 
 vm_down() {
