@@ -2,8 +2,15 @@
 //! a namespace per test that is deleted when the test ends (pass or fail), and the probe run inside pods.
 //!
 //! Environment: `KUBECONFIG` (required), `ISTHMUS_E2E_KUBECTL` (kubectl binary, default `kubectl`),
-//! `ISTHMUS_E2E_PROVIDER` (`local` or `kind`; informational), `ISTHMUS_E2E_PROBE_IMAGE`
-//! (default `localhost/isthmus-probe:0.1.0`).
+//! `ISTHMUS_E2E_PROVIDER` (`local`, `vm` or `kind`; informational), `ISTHMUS_E2E_PROBE_IMAGE`
+//! (default `localhost/isthmus-probe:0.1.0`), `ISTHMUS_E2E_CLUSTER` (the `e2e/cluster/cluster` script, for
+//! commands on nodes).
+
+mod node;
+mod probe;
+
+pub use node::*;
+pub use probe::*;
 
 use serde_json::Value;
 use std::io::Write;
@@ -18,6 +25,8 @@ pub fn expected_goodput_bps(rate_bps: f64) -> f64 {
 
 pub struct Output {
     pub ok: bool,
+    /// The exit status (None when killed by a signal).
+    pub code: Option<i32>,
     pub stdout: String,
     pub stderr: String,
 }
@@ -38,6 +47,7 @@ pub fn kubectl_raw(args: &[&str], stdin: Option<&str>) -> Output {
     let out = child.wait_with_output().unwrap();
     Output {
         ok: out.status.success(),
+        code: out.status.code(),
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     }
@@ -108,29 +118,7 @@ impl TestNamespace {
 
     /// A Deployment of probe servers (`isthmus-probe serve`) labelled `app=<name>`, optionally pinned to a node.
     pub fn probe_deployment(&self, name: &str, node: Option<&str>) {
-        let node_line = node.map(|n| format!("      nodeName: {n}\n")).unwrap_or_default();
-        self.apply(&format!(
-            r#"apiVersion: apps/v1
-kind: Deployment
-metadata: {{name: {name}, labels: {{app: {name}}}}}
-spec:
-  replicas: 1
-  selector: {{matchLabels: {{app: {name}}}}}
-  template:
-    metadata: {{labels: {{app: {name}}}}}
-    spec:
-{node_line}      terminationGracePeriodSeconds: 1
-      securityContext: {{runAsNonRoot: true, runAsUser: 65532, runAsGroup: 65532}}
-      containers:
-        - name: probe
-          image: {image}
-          imagePullPolicy: IfNotPresent
-          args: [serve]
-          readinessProbe: {{tcpSocket: {{port: 7000}}, periodSeconds: 1}}
-          securityContext: {{allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: {{drop: [ALL]}}}}
-"#,
-            image = probe_image()
-        ));
+        self.apply(&probe_deployment_manifest(name, node, None));
     }
 
     /// The one Ready, not terminating pod labelled `app=<app>`: (name, IP, node).
@@ -154,41 +142,9 @@ spec:
         ))
     }
 
+    /// Pods start in tens of seconds on emulated nodes (the vm provider), in one or two elsewhere.
     pub fn wait_ready_pod(&self, app: &str) -> (String, String, String) {
-        wait_for(&format!("a Ready pod app={app} in {}", self.name), Duration::from_secs(120), || self.ready_pod(app))
-    }
-
-    /// TCP bulk from `pod` to `target_ip`'s sink for `seconds`; bits per second received.
-    pub fn throughput_bps(&self, pod: &str, target_ip: &str, seconds: f64) -> f64 {
-        let out = self.kubectl(&[
-            "exec",
-            pod,
-            "--",
-            "isthmus-probe",
-            "throughput",
-            "--target",
-            &format!("{target_ip}:7001"),
-            "--seconds",
-            &seconds.to_string(),
-        ]);
-        let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("probe output is not JSON ({e}): {out}"));
-        v["bits_per_second"].as_f64().unwrap_or_else(|| panic!("no bits_per_second in {out}"))
-    }
-
-    /// UDP echo RTT summary (the probe's JSON).
-    pub fn rtt(&self, pod: &str, target_ip: &str, count: u32) -> Value {
-        let out = self.kubectl(&[
-            "exec",
-            pod,
-            "--",
-            "isthmus-probe",
-            "rtt",
-            "--target",
-            &format!("{target_ip}:7000"),
-            "--count",
-            &count.to_string(),
-        ]);
-        serde_json::from_str(&out).unwrap_or_else(|e| panic!("probe output is not JSON ({e}): {out}"))
+        wait_for(&format!("a Ready pod app={app} in {}", self.name), Duration::from_secs(240), || self.ready_pod(app))
     }
 
     /// A condition of a NetworkLink: (status, reason, message), if present and written for the current
@@ -231,6 +187,35 @@ impl Drop for TestNamespace {
     }
 }
 
+/// A Deployment of probe servers (`isthmus-probe serve`) labelled `app=<name>`, optionally pinned to a node and
+/// with pod sysctls (a YAML flow list of `{name, value}`).
+pub fn probe_deployment_manifest(name: &str, node: Option<&str>, sysctls: Option<&str>) -> String {
+    let node_line = node.map(|n| format!("      nodeName: {n}\n")).unwrap_or_default();
+    let sysctls = sysctls.map(|s| format!(", sysctls: {s}")).unwrap_or_default();
+    format!(
+        r#"apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: {name}, labels: {{app: {name}}}}}
+spec:
+  replicas: 1
+  selector: {{matchLabels: {{app: {name}}}}}
+  template:
+    metadata: {{labels: {{app: {name}}}}}
+    spec:
+{node_line}      terminationGracePeriodSeconds: 1
+      securityContext: {{runAsNonRoot: true, runAsUser: 65532, runAsGroup: 65532{sysctls}}}
+      containers:
+        - name: probe
+          image: {image}
+          imagePullPolicy: IfNotPresent
+          args: [serve]
+          readinessProbe: {{tcpSocket: {{port: 7000}}, periodSeconds: 1}}
+          securityContext: {{allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: {{drop: [ALL]}}}}
+"#,
+        image = probe_image()
+    )
+}
+
 /// A NetworkLink from pods `app=<from>` to pods `app=<to>`, one way, with `impairment` as a YAML flow map.
 pub fn link_manifest(name: &str, from: &str, to: &str, impairment: &str, priority: Option<i32>) -> String {
     let priority = priority.map(|p| format!("  priority: {p}\n")).unwrap_or_default();
@@ -249,75 +234,4 @@ spec:
 
 pub fn mbit(bps: f64) -> String {
     format!("{:.2} Mbit/s", bps / 1e6)
-}
-
-/// The qdiscs on `eth0` of the pod with IP `pod_ip`, read on the host with iproute2 as an independent reference
-/// (`tc -j qdisc show`). Only possible where the nodes share this machine's kernel and PID namespace: the local
-/// provider. None elsewhere (kind nodes are containers with their own PID namespace), or if no netns has that IP.
-pub fn local_pod_qdiscs(pod_ip: &str) -> Option<Vec<String>> {
-    if provider() != "local" {
-        return None;
-    }
-    let mut seen = std::collections::HashSet::new();
-    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let ns = entry.path().join("ns/net");
-        let Ok(target) = std::fs::read_link(&ns) else {
-            continue;
-        };
-        if !seen.insert(target) {
-            continue;
-        }
-        let net = format!("--net={}", ns.display());
-        let addrs =
-            Command::new("nsenter").args([net.as_str(), "ip", "-o", "-4", "addr", "show", "dev", "eth0"]).output();
-        let Ok(addrs) = addrs else { continue };
-        if !String::from_utf8_lossy(&addrs.stdout).contains(&format!(" {pod_ip}/")) {
-            continue;
-        }
-        let out =
-            Command::new("nsenter").args([net.as_str(), "tc", "-j", "qdisc", "show", "dev", "eth0"]).output().ok()?;
-        let v: Value = serde_json::from_slice(&out.stdout).ok()?;
-        return Some(
-            v.as_array()?
-                .iter()
-                .map(|q| format!("{} {}", q["kind"].as_str().unwrap_or("?"), q["handle"].as_str().unwrap_or("?")))
-                .collect(),
-        );
-    }
-    None
-}
-
-/// Asserts (local provider only) that the pod's eth0 carries no isthmus qdisc (htb/tbf/netem) any more.
-pub fn assert_no_isthmus_qdisc_local(pod_ip: &str) {
-    match local_pod_qdiscs(pod_ip) {
-        Some(qdiscs) => {
-            println!("qdiscs on {pod_ip} eth0 (host-side tc, local provider): {qdiscs:?}");
-            assert!(
-                !qdiscs.iter().any(|q| q.starts_with("htb") || q.starts_with("tbf") || q.starts_with("netem")),
-                "isthmus qdiscs left on {pod_ip}: {qdiscs:?}"
-            );
-        }
-        None if provider() == "local" => {
-            panic!("no network namespace on this machine has pod IP {pod_ip}")
-        }
-        None => println!("qdisc check skipped: provider {} does not share this machine's PID namespace", provider()),
-    }
-}
-
-/// Asserts (local provider only) that the pod's eth0 carries isthmus's HTB root: proves the host-side check
-/// sees the pod's qdiscs, so its "nothing left" answer means something.
-pub fn assert_isthmus_qdisc_local(pod_ip: &str) {
-    match local_pod_qdiscs(pod_ip) {
-        Some(qdiscs) => {
-            println!("qdiscs on {pod_ip} eth0 while linked (host-side tc): {qdiscs:?}");
-            assert!(
-                qdiscs.iter().any(|q| q.starts_with("htb")),
-                "no HTB root on {pod_ip} while the link is applied: {qdiscs:?}"
-            );
-        }
-        None if provider() == "local" => {
-            panic!("no network namespace on this machine has pod IP {pod_ip}")
-        }
-        None => println!("qdisc check skipped: provider {} does not share this machine's PID namespace", provider()),
-    }
 }

@@ -1,0 +1,130 @@
+//! Commands on the cluster's nodes (`e2e/cluster/cluster node-exec`: the node's network namespace on the local
+//! provider, the guest on the vm provider, the node container on kind), and what they tell about pods' kernel
+//! state: the qdiscs isthmus installed, independent of isthmus's own reports.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+use crate::Output;
+
+/// Runs `args` on `node` and returns its output.
+pub fn node_exec(node: &str, args: &[&str]) -> Output {
+    let cluster = std::env::var("ISTHMUS_E2E_CLUSTER")
+        .expect("ISTHMUS_E2E_CLUSTER: the e2e/cluster/cluster script (e2e/suite/run sets it)");
+    let out = Command::new(&cluster)
+        .arg("node-exec")
+        .arg(node)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cluster}: {e}"));
+    Output {
+        ok: out.status.success(),
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// Finds the network namespace whose eth0 holds $1 among the node's processes and prints `tc -j qdisc show`
+/// of that eth0; exits 3 when no namespace has the address.
+const POD_QDISCS: &str = r#"
+seen=" "
+for p in /proc/[0-9]*; do
+  ns=$(readlink "$p/ns/net" 2>/dev/null) || continue
+  case $seen in *" $ns "*) continue ;; esac
+  seen="$seen$ns "
+  if nsenter --net="$p/ns/net" ip -o -4 addr show dev eth0 2>/dev/null | grep -q " $1/"; then
+    exec nsenter --net="$p/ns/net" tc -j qdisc show dev eth0
+  fi
+done
+exit 3
+"#;
+
+/// The qdiscs on `eth0` of the pod with IP `pod_ip` on `node`, as `"<kind> <handle>"`, read with iproute2 on
+/// the node: an independent reference for what isthmus installed.
+pub fn pod_qdiscs(node: &str, pod_ip: &str) -> Vec<String> {
+    let out = node_exec(node, &["sh", "-c", POD_QDISCS, "sh", pod_ip]);
+    assert!(out.ok, "no network namespace on {node} has pod IP {pod_ip} ({}{})", out.stdout, out.stderr);
+    let v: Value = serde_json::from_str(out.stdout.trim())
+        .unwrap_or_else(|e| panic!("tc -j qdisc show on {node} printed no JSON ({e}): {}", out.stdout));
+    v.as_array()
+        .expect("tc -j prints an array")
+        .iter()
+        .map(|q| format!("{} {}", q["kind"].as_str().unwrap_or("?"), q["handle"].as_str().unwrap_or("?")))
+        .collect()
+}
+
+fn is_isthmus(qdisc: &str) -> bool {
+    ["htb", "tbf", "netem"].iter().any(|k| qdisc.starts_with(k))
+}
+
+/// The pod's eth0 carries isthmus's HTB root: proves the node-side check sees the pod's qdiscs, so its later
+/// "nothing left" answer means something.
+pub fn assert_isthmus_qdisc(node: &str, pod_ip: &str) {
+    let qdiscs = pod_qdiscs(node, pod_ip);
+    println!("qdiscs on {pod_ip} eth0 while linked ({node}, tc): {qdiscs:?}");
+    assert!(qdiscs.iter().any(|q| q.starts_with("htb")), "no HTB root on {pod_ip} while a link applies: {qdiscs:?}");
+}
+
+/// The pod's eth0 carries no isthmus qdisc (htb/tbf/netem) any more.
+pub fn assert_no_isthmus_qdisc(node: &str, pod_ip: &str) {
+    let qdiscs = pod_qdiscs(node, pod_ip);
+    println!("qdiscs on {pod_ip} eth0 ({node}, tc): {qdiscs:?}");
+    assert!(!qdiscs.iter().any(|q| is_isthmus(q)), "isthmus qdiscs left on {pod_ip}: {qdiscs:?}");
+}
+
+/// Every network namespace on `node` with an isthmus qdisc on eth0, as "ip: qdiscs" lines (empty when none).
+pub fn node_isthmus_qdiscs(node: &str) -> Vec<String> {
+    const ALL: &str = r#"
+seen=" "
+for p in /proc/[0-9]*; do
+  ns=$(readlink "$p/ns/net" 2>/dev/null) || continue
+  case $seen in *" $ns "*) continue ;; esac
+  seen="$seen$ns "
+  q=$(nsenter --net="$p/ns/net" tc qdisc show dev eth0 2>/dev/null | grep -E '^qdisc (htb|tbf|netem) ') || continue
+  ip=$(nsenter --net="$p/ns/net" ip -o -4 addr show dev eth0 2>/dev/null | awk '{print $4}')
+  echo "$ip: $(echo "$q" | awk '{print $2, $3}' | tr '\n' ' ')"
+done
+"#;
+    let out = node_exec(node, &["sh", "-c", ALL]);
+    assert!(out.ok, "listing qdiscs on {node}: {}{}", out.stdout, out.stderr);
+    out.stdout.lines().filter(|l| !l.trim().is_empty()).map(str::to_owned).collect()
+}
+
+/// Whether `node`'s kernel refuses a duplicating netem beside another netem on one interface, as iproute2 meets
+/// it in a throwaway dummy interface on the node (the restriction reached some stable kernels as a backport,
+/// so only asking the kernel tells).
+pub fn node_restricts_duplicate_netem(node: &str) -> bool {
+    const PROBE: &str = r#"
+d=isth-dupprobe
+ip link add $d type dummy || exit 4
+tc qdisc add dev $d root handle 1: htb && tc class add dev $d parent 1: classid 1:1 htb rate 1gbit &&
+tc class add dev $d parent 1: classid 1:2 htb rate 1gbit &&
+tc qdisc add dev $d parent 1:1 handle 10: netem delay 1ms || { ip link del $d; exit 4; }
+out=$(tc qdisc add dev $d parent 1:2 handle 20: netem delay 1ms duplicate 1% 2>&1); rc=$?
+ip link del $d
+[ $rc -eq 0 ] && exit 0
+case $out in *"duplicating netem"*) exit 1 ;; esac
+echo "$out"; exit 4
+"#;
+    let out = node_exec(node, &["sh", "-c", PROBE]);
+    match out.code {
+        Some(0) => false,
+        Some(1) => true,
+        _ => panic!("probing {node}'s netem duplicate restriction failed: {}{}", out.stdout, out.stderr),
+    }
+}
+
+/// Whether `node`'s kernel accepts a netem qdisc (tried on a throwaway dummy interface on the node).
+pub fn node_has_netem(node: &str) -> bool {
+    const PROBE: &str = "ip link add isth-netemprobe type dummy || exit 4
+tc qdisc add dev isth-netemprobe root netem delay 1ms 2>/dev/null; rc=$?
+ip link del isth-netemprobe; [ $rc -eq 0 ] && exit 0 || exit 1";
+    let out = node_exec(node, &["sh", "-c", PROBE]);
+    match out.code {
+        Some(0) => true,
+        Some(1) => false,
+        _ => panic!("probing {node} for sch_netem failed: {}{}", out.stdout, out.stderr),
+    }
+}

@@ -1,0 +1,126 @@
+//! The pods every scenario measures between, started once: `client` on the first node; `server` (fronted by the
+//! Service `server`) and `near` on the second, so that traffic crosses from one node's kernel to the other's.
+
+use std::time::Duration;
+
+use isthmus_e2e::*;
+
+#[path = "../common/mod.rs"]
+mod common;
+
+pub struct Pod {
+    pub name: String,
+    pub ip: String,
+    pub node: String,
+}
+
+pub struct Fixture {
+    pub ns: TestNamespace,
+    pub n1: String,
+    pub n2: String,
+    pub client: Pod,
+    pub server: Pod,
+    pub near: Pod,
+    /// The ClusterIP of Service `server` (UDP and TCP 7000, pods `app=server`).
+    pub server_service_ip: String,
+}
+
+impl Fixture {
+    pub fn new() -> Fixture {
+        let (n1, n2) = common::two_nodes();
+        for node in [&n1, &n2] {
+            assert!(node_has_netem(node), "{node}'s kernel has no sch_netem: these scenarios need it");
+        }
+        let ns = TestNamespace::new("netem");
+        ns.probe_deployment("client", Some(&n1));
+        ns.probe_deployment("server", Some(&n2));
+        ns.probe_deployment("near", Some(&n2));
+        ns.apply(
+            "apiVersion: v1\nkind: Service\nmetadata: {name: server}\nspec:\n  selector: {app: server}\n  ports:\n\
+             \x20 - {name: udp, protocol: UDP, port: 7000}\n  - {name: tcp, protocol: TCP, port: 7000}\n",
+        );
+        let pod = |app: &str| {
+            let (name, ip, node) = ns.wait_ready_pod(app);
+            Pod { name, ip, node }
+        };
+        let (client, server, near) = (pod("client"), pod("server"), pod("near"));
+        let server_service_ip = ns.json(&["get", "service", "server"])["spec"]["clusterIP"]
+            .as_str()
+            .expect("the Service has a ClusterIP")
+            .to_owned();
+        println!(
+            "fixture in {}: client {} on {n1}; server {} and near {} on {n2}; Service server {server_service_ip}",
+            ns.name, client.ip, server.ip, near.ip
+        );
+        Fixture { ns, n1, n2, client, server, near, server_service_ip }
+    }
+
+    /// Applies a NetworkLink (`spec` is the YAML under `spec:`, indented by two) and waits until every pair is
+    /// applied; the link is deleted, waiting for its removal, when the guard drops.
+    pub fn link(&self, name: &str, spec: &str) -> Link<'_> {
+        // The guard exists before the wait: a link that never gets Ready is deleted all the same.
+        let link = self.link_unchecked(name, spec);
+        let pairs = self.ns.wait_link_applied(name);
+        println!("link {name}: Ready, {pairs} pair(s) applied");
+        link
+    }
+
+    /// Applies a NetworkLink without waiting for it; deleted when the guard drops.
+    pub fn link_unchecked(&self, name: &str, spec: &str) -> Link<'_> {
+        self.apply_link(name, spec);
+        Link { ns: &self.ns, name: name.to_owned() }
+    }
+
+    /// Applies (or re-applies) a NetworkLink without waiting.
+    pub fn apply_link(&self, name: &str, spec: &str) {
+        self.ns.apply(&format!(
+            "apiVersion: isthmus.dev/v1alpha1\nkind: NetworkLink\nmetadata: {{name: {name}}}\nspec:\n{spec}"
+        ));
+    }
+
+    /// A one-way link from pods `app=<from>` to pods `app=<to>` with `impairment` (a YAML flow map).
+    pub fn one_way(&self, name: &str, from: &str, to: &str, impairment: &str) -> Link<'_> {
+        self.link(name, &one_way_spec(from, to, impairment))
+    }
+}
+
+pub fn one_way_spec(from: &str, to: &str, impairment: &str) -> String {
+    format!(
+        "  from: {{podSelector: {{matchLabels: {{app: {from}}}}}}}\n  to: {{podSelector: {{matchLabels: {{app: {to}}}}}}}\n\
+         \x20 oneWay: true\n  impairment: {impairment}\n"
+    )
+}
+
+/// A NetworkLink in place for the length of a scenario.
+pub struct Link<'a> {
+    ns: &'a TestNamespace,
+    pub name: String,
+}
+
+impl Drop for Link<'_> {
+    fn drop(&mut self) {
+        let out = kubectl_raw(
+            &[
+                "delete",
+                "-n",
+                &self.ns.name,
+                "networklink",
+                &self.name,
+                "--wait",
+                "--timeout=90s",
+                "--ignore-not-found",
+            ],
+            None,
+        );
+        if !out.ok {
+            eprintln!("deleting link {}: {}{}", self.name, out.stdout, out.stderr);
+        }
+    }
+}
+
+/// Waits until a condition of `link` reads `status` with `reason` for the link's current generation.
+pub fn wait_condition(ns: &TestNamespace, link: &str, type_: &str, status: &str, reason: &str) -> String {
+    wait_for(&format!("{link} {type_}={status} ({reason})"), Duration::from_secs(90), || {
+        ns.link_condition(link, type_).filter(|c| c.0 == status && c.1 == reason).map(|c| c.2)
+    })
+}

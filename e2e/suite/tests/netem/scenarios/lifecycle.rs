@@ -1,0 +1,133 @@
+//! The link over time: a replaced pod (new node, new IP, new sandbox) is impaired from its first second, an
+//! edit is in force within a second of the link's Ready, and a deleted link leaves the path and the pod's kernel
+//! as they were.
+
+use std::time::{Duration, Instant};
+
+use isthmus_e2e::*;
+
+use crate::bands::{Baseline, EARLY_MS, within};
+use crate::fixture::{Fixture, one_way_spec};
+
+/// How soon the impairment must be in force: the issue's "within its first second".
+const WITHIN_MS: f64 = 1000.0;
+
+/// Where the samples switch to `latency_ms` for good: the index after the last sample below it (lost or faster),
+/// and that sample's send time (ms after the first probe). Noise can only lengthen a round trip, so a spike before
+/// the switch cannot fake it; None when the last sample is still below.
+fn first_impaired(samples: &[(f64, Option<f64>)], latency_ms: f64) -> Option<(usize, f64)> {
+    let below = |s: &(f64, Option<f64>)| s.1.is_none_or(|r| r < latency_ms - EARLY_MS);
+    let from = samples.iter().rposition(below).map_or(0, |i| i + 1);
+    samples.get(from).map(|s| (from, s.0))
+}
+
+/// From sample `from` on, every probe is answered and carries at least `latency_ms`.
+fn assert_impaired_from(what: &str, samples: &[(f64, Option<f64>)], from: usize, latency_ms: f64) {
+    for (i, (sent, rtt)) in samples.iter().enumerate().skip(from) {
+        let rtt = rtt.unwrap_or_else(|| panic!("{what}: probe {i} (sent at +{sent} ms) was lost"));
+        assert!(
+            rtt >= latency_ms - EARLY_MS,
+            "{what}: probe {i} (sent at +{sent} ms) took {rtt} ms, under {latency_ms} ms"
+        );
+    }
+}
+
+/// A Deployment whose pods probe `target_ip` from the moment they start: the first container runs the prober
+/// (150 probes, 20 ms apart, then it holds its report in its log), the second serves and gates readiness, so the
+/// pod's Ready comes after the prober's first probe.
+fn probing_deployment(name: &str, node: &str, target_ip: &str) -> String {
+    let image = probe_image();
+    format!(
+        r#"apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: {name}}}
+spec:
+  replicas: 1
+  selector: {{matchLabels: {{app: {name}}}}}
+  template:
+    metadata: {{labels: {{app: {name}}}}}
+    spec:
+      nodeName: {node}
+      terminationGracePeriodSeconds: 1
+      securityContext: {{runAsNonRoot: true, runAsUser: 65532, runAsGroup: 65532}}
+      containers:
+        - name: prober
+          image: {image}
+          args: [rtt, --target, "{target_ip}:7000", --count, "150", --interval-ms, "20", --samples, --hold]
+          securityContext: {{allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: {{drop: [ALL]}}}}
+        - name: probe
+          image: {image}
+          args: [serve]
+          readinessProbe: {{tcpSocket: {{port: 7000}}, periodSeconds: 1}}
+          securityContext: {{allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: {{drop: [ALL]}}}}
+"#
+    )
+}
+
+/// The source Deployment moves to the other node: the replacement pod (new IP, new sandbox) has the link's latency
+/// within the first second of its own first probe, which it sends before it can be Ready.
+pub fn rescheduling(f: &Fixture) {
+    f.ns.apply(&probing_deployment("mover", &f.n1, &f.server.ip));
+    let (first, first_ip, _) = f.ns.wait_ready_pod("mover");
+    let link = f.one_way("follow", "mover", "server", "{latency: 40ms}");
+    let patch = serde_json::json!({"spec": {"template": {"spec": {"nodeName": f.n2}}}});
+    f.ns.kubectl(&["patch", "deployment", "mover", "--type=merge", "-p", &patch.to_string()]);
+    let (moved, moved_ip, node) =
+        wait_for("the moved pod Ready", Duration::from_secs(240), || f.ns.ready_pod("mover").filter(|p| p.0 != first));
+    assert_ne!(moved_ip, first_ip, "the replacement pod kept the old pod's IP");
+    let report = wait_for("the moved pod's prober report", Duration::from_secs(60), || {
+        let log = kubectl_raw(&["logs", "-n", &f.ns.name, &moved, "-c", "prober"], None);
+        serde_json::from_str::<serde_json::Value>(log.stdout.trim()).ok().map(RttReport)
+    });
+    println!("moved {first} ({first_ip}) -> {moved} ({moved_ip}) on {node}: {}", report.describe());
+    let samples = report.samples();
+    let (i, at) = first_impaired(&samples, 40.0)
+        .unwrap_or_else(|| panic!("the moved pod was never impaired in 3 s of probing: {}", report.describe()));
+    println!("first impaired probe: #{i}, sent {at} ms after the pod's first probe");
+    within("ms from the moved pod's first probe to its impairment", at, (0.0, WITHIN_MS), "within its first second");
+    assert_impaired_from("moved pod", &samples, i, 40.0);
+    assert_isthmus_qdisc(&node, &moved_ip);
+    drop(link);
+    f.ns.kubectl(&["delete", "deployment", "mover", "--wait=false"]);
+}
+
+/// An edit (20 ms → 60 ms) while a prober runs: the round trips switch to 60 ms no later than a second after the
+/// test sees the link Ready for the new generation, and stay there; deleting the link returns the round trip to
+/// the baseline and leaves no isthmus qdisc in the pod.
+pub fn edit_and_delete(f: &Fixture) {
+    let base = Baseline::measure_quiet(&f.ns, &f.client.name, &f.server.ip, 20.0);
+    let link = f.one_way("edit", "client", "server", "{latency: 20ms}");
+    let run = RttRun::new(400).interval_ms(20).samples();
+    let (report, exec_end, ready_seen) = std::thread::scope(|s| {
+        let prober = s.spawn(|| {
+            let r = f.ns.rtt_run(&f.client.name, &f.server.ip, run);
+            (r, Instant::now())
+        });
+        std::thread::sleep(Duration::from_secs(3));
+        f.apply_link("edit", &one_way_spec("client", "server", "{latency: 60ms}"));
+        f.ns.wait_link_applied("edit");
+        let ready_seen = Instant::now();
+        let (r, end) = prober.join().expect("the prober");
+        (r, end, ready_seen)
+    });
+    println!("while editing 20ms -> 60ms: {}", report.describe());
+    let samples = report.samples();
+    let (i, at) = first_impaired(&samples, 60.0)
+        .unwrap_or_else(|| panic!("the edit to 60ms never showed in 8 s of probing: {}", report.describe()));
+    assert!(i > 0, "the first probe already took 60 ms: the edit did not happen while probing");
+    assert_impaired_from("after the edit", &samples, i, 60.0);
+    // On this machine's clock the first probe left no later than the run's end less the probes after it (the
+    // guests' clocks are not this machine's); the switch, `at` after it, must come within a second of Ready.
+    let (last_sent, last_rtt) = *samples.last().expect("probes");
+    let first_by = exec_end - Duration::from_secs_f64((last_sent + last_rtt.unwrap_or(0.0)) / 1000.0);
+    let switch_by = first_by + Duration::from_secs_f64(at / 1000.0);
+    let late_ms = switch_by.saturating_duration_since(ready_seen).as_secs_f64() * 1000.0;
+    println!("the switch to 60ms came at most {late_ms:.0} ms after the test saw Ready (0 = before it)");
+    within("ms from the link's Ready to the switch (at most)", late_ms, (0.0, WITHIN_MS), "within a second of Ready");
+    assert_isthmus_qdisc(&f.client.node, &f.client.ip);
+    drop(link);
+    let r = f.ns.rtt_run(&f.client.name, &f.server.ip, RttRun::new(300).interval_ms(5));
+    println!("after delete: {}", r.describe());
+    within("after delete: RTT p50, ms", r.ms("p50"), base.median_band(0.0, 0), "back to the baseline's p10..p90");
+    assert_no_isthmus_qdisc(&f.client.node, &f.client.ip);
+}

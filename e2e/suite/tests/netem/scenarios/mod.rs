@@ -1,0 +1,7 @@
+//! The scenarios, by what they measure.
+
+pub mod latency;
+pub mod lifecycle;
+pub mod loss;
+pub mod packets;
+pub mod throughput;

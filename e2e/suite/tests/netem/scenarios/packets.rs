@@ -1,0 +1,133 @@
+//! Duplication, corruption and reordering, counted at the receiver: duplicates and reordering by the probes'
+//! sequence numbers, corruption by the destination pod's own checksum counters; and the kernel-dependent
+//! restriction on duplicating netems.
+
+use isthmus_e2e::*;
+
+use crate::bands::{Baseline, EARLY_MS, TIMER_SLACK_MS, proportion_band, within};
+use crate::fixture::{Fixture, one_way_spec, wait_condition};
+
+const PROBES: u32 = 2000;
+
+/// 10 % of the requests are duplicated: the echo answers each copy, and the prober counts the extra copies.
+/// The link leaves the Service's ClusterIP out (`services: Ignore`): as a second destination it would be a second
+/// duplicating netem on the client's interface, which some kernels refuse (the last scenario tests that).
+pub fn duplication(f: &Fixture) {
+    let spec = one_way_spec("client", "server", "{duplicate: {percent: 10%}}").replace(
+        "  to: {podSelector: {matchLabels: {app: server}}}",
+        "  to: {podSelector: {matchLabels: {app: server}}, services: Ignore}",
+    );
+    let link = f.link("dup", &spec);
+    let r = f.ns.rtt_run(&f.client.name, &f.server.ip, RttRun::new(PROBES).interval_ms(5));
+    println!("10% duplicate: {}", r.describe());
+    let received = r.count("received") as f64;
+    within(
+        "duplicates per received probe",
+        r.count("duplicates") as f64 / received,
+        proportion_band(0.10, received, 1.0),
+        "10 %, ±4.5 σ binomial",
+    );
+    assert_eq!(r.count("lost"), 0, "duplication lost probes: {}", r.describe());
+    drop(link);
+}
+
+/// 10 % of the requests get one bit flipped somewhere in their 1,042-byte frame (1,000 bytes of payload). With the
+/// UDP checksum on, a corrupted datagram never reaches the destination pod in a cluster: the sending node's
+/// connection tracking finds the checksum wrong and kube-proxy's rules drop it as INVALID. So the probes go
+/// without a checksum: a flip in the probe's padding (976 of the 1,042 bytes) reaches the echo and comes back,
+/// where the prober finds the padding changed; one in the headers loses the probe.
+pub fn corruption(f: &Fixture) {
+    let link = f.one_way("corrupt", "client", "server", "{corrupt: {percent: 10%}}");
+    let run = RttRun::new(PROBES).interval_ms(5).size(1000).no_udp_checksum();
+    let r = f.ns.rtt_run(&f.client.name, &f.server.ip, run);
+    println!("10% corrupt: {}", r.describe());
+    let sent = r.count("sent") as f64;
+    within(
+        "corrupted echoes per probe",
+        r.count("corrupted") as f64 / sent,
+        proportion_band(0.10 * 976.0 / 1042.0, sent, 1.0),
+        "10 % × 976/1042 (the padding's share of the frame), ±4.5 σ binomial",
+    );
+    within(
+        "corrupted or lost per probe",
+        (r.count("corrupted") + r.count("lost")) as f64 / sent,
+        proportion_band(0.10, sent, 1.0),
+        "every flip corrupts the echo or loses the probe: 10 %, ±4.5 σ binomial",
+    );
+    drop(link);
+}
+
+/// 50 ms of latency, 25 % of packets sent at once instead: a quarter of the round trips miss the 50 ms, and those
+/// overtake earlier probes still in the delay line. (50 ms keeps the two kinds apart however noisy the path: a
+/// round trip under 49.5 ms cannot have been delayed.)
+pub fn reordering(f: &Fixture) {
+    let base = Baseline::measure_quiet(&f.ns, &f.client.name, &f.server.ip, 50.0);
+    let link = f.one_way("reorder", "client", "server", "{latency: 50ms, reorder: {percent: 25%}}");
+    let r = f.ns.rtt_run(&f.client.name, &f.server.ip, RttRun::new(PROBES).interval_ms(5).samples());
+    println!("50ms, 25% reordered: {}", r.describe());
+    let rtts: Vec<f64> = r.samples().iter().filter_map(|s| s.1).collect();
+    let n = rtts.len() as f64;
+    let mut delayed: Vec<f64> = rtts.iter().copied().filter(|&rtt| rtt >= 50.0 - EARLY_MS).collect();
+    let undelayed = n - delayed.len() as f64;
+    within(
+        "share of round trips that skipped the delay",
+        undelayed / n,
+        proportion_band(0.25, n, 1.0),
+        "25 %, ±4.5 σ binomial",
+    );
+    delayed.sort_by(f64::total_cmp);
+    within(
+        "delayed round trips' median, ms",
+        delayed[delayed.len() / 2],
+        base.median_band(50.0, 1),
+        "baseline + 50 ms",
+    );
+    // A probe every 5 ms and a 50 ms delay: every undelayed probe overtakes the (about seven) delayed ones ahead of
+    // it in the delay line, unless the one before it was undelayed too.
+    assert!(r.count("reordered") as f64 >= undelayed * 0.5, "too few arrivals out of order: {}", r.describe());
+    drop(link);
+}
+
+/// A duplicating destination beside another netem destination on one pod: kernels that refuse the combination
+/// (Debian bookworm's 6.1 among them, by a backport) make the pod's tree fail with `DuplicateRestriction` in the
+/// links' status; the others apply both and each is measured.
+pub fn duplicate_restriction_follows_the_kernel(f: &Fixture) {
+    let restricted = node_restricts_duplicate_netem(&f.n1);
+    println!(
+        "{}: iproute2 finds duplicating netems beside others {}",
+        f.n1,
+        if restricted { "refused" } else { "accepted" }
+    );
+    let base = Baseline::measure_quiet(&f.ns, &f.client.name, &f.near.ip, 10.0);
+    let _dupl =
+        f.link_unchecked("dupl", &one_way_spec("client", "server", "{latency: 5ms, duplicate: {percent: 10%}}"));
+    let _plain = f.link_unchecked("plain", &one_way_spec("client", "near", "{latency: 10ms}"));
+    if restricted {
+        let message = wait_condition(&f.ns, "dupl", "Degraded", "True", "DuplicateRestriction");
+        println!("dupl: Degraded, DuplicateRestriction: {message}");
+        let status = f.ns.json(&["get", "networklink", "dupl"])["status"].clone();
+        let failure = status["failures"].as_array().and_then(|v| v.first()).cloned().unwrap_or_default();
+        assert_eq!(failure["reason"], "DuplicateRestriction", "status.failures: {status}");
+        assert!(
+            failure["message"].as_str().unwrap_or_default().contains("duplicating"),
+            "the failure lost the kernel's words: {status}"
+        );
+    } else {
+        f.ns.wait_link_applied("dupl");
+        f.ns.wait_link_applied("plain");
+        let r = f.ns.rtt_run(&f.client.name, &f.server.ip, RttRun::new(PROBES).interval_ms(5));
+        within(
+            "duplicates per received probe",
+            r.count("duplicates") as f64 / r.count("received") as f64,
+            proportion_band(0.10, r.count("received") as f64, 1.0),
+            "10 %, ±4.5 σ binomial",
+        );
+        let near = f.ns.rtt_run(&f.client.name, &f.near.ip, RttRun::new(300));
+        within(
+            "RTT p50 to the plain destination, ms",
+            near.ms("p50"),
+            (base.p10 + 10.0 - EARLY_MS, base.p90 + 10.0 + TIMER_SLACK_MS),
+            "baseline + 10 ms",
+        );
+    }
+}
