@@ -9,9 +9,9 @@ help:
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | sort
 
 # The stages of `make test`, in order. A failing stage does not stop the others: every result is reported.
-TEST_STAGES := unit operator-it chart-lint examples-validate images-test kernel-test cluster-smoke e2e
+TEST_STAGES := unit operator-it chart-lint examples-validate images-test kernel-test cluster-smoke e2e e2e-vm
 
-test: ## the whole suite: unit and host-kernel tests, API-server tests, chart, stock-kernel rig, real cluster smoke and end-to-end; every stage runs, a table of results ends it
+test: ## the whole suite: unit and host-kernel tests, API-server tests, chart, stock-kernel rig, real cluster smoke, end-to-end on this kernel and on stock-kernel nodes; every stage runs, a table of results ends it
 	@e2e/run-stages $(TEST_STAGES)
 
 unit: ## cargo tests of every crate (root: host-kernel datapath tests run in throwaway namespaces)
@@ -37,7 +37,7 @@ kernel-fetch: ## only resolve, download and prepare the rig's kernels and host t
 cluster-smoke: ## a real 2-node cluster: pods, ping/TCP within and across nodes, Services, exec/logs, GC; down leaves nothing
 	@start=$$(date +%s); e2e/cluster/smoke; rc=$$?; echo "cluster-smoke: exit $$rc after $$(( $$(date +%s) - start )) s"; exit $$rc
 
-cluster-up: ## start the e2e cluster (NODES=2; CONTROL_PLANE_ONLY=1 for etcd + apiserver + controller-manager)
+cluster-up: ## start the e2e cluster (NODES=2; CONTROL_PLANE_ONLY=1 for etcd + apiserver + controller-manager; ISTHMUS_CLUSTER_PROVIDER=vm for stock-kernel nodes)
 	e2e/cluster/cluster up --nodes $(or $(NODES),2) $(if $(CONTROL_PLANE_ONLY),--control-plane-only)
 
 cluster-down: ## stop the e2e cluster and remove everything it made
@@ -86,10 +86,13 @@ fuzz: ## cargo-fuzz the operator's unit and spec parsers, FUZZ_SECONDS (default 
 	CACHE=$(CACHE) FUZZ_SECONDS=$(or $(FUZZ_SECONDS),60) operator/fuzz/run $(FUZZ_TARGETS)
 
 # ---- end-to-end suite (e2e/suite) and the demo (e2e/demo), on the e2e cluster
-.PHONY: e2e
+.PHONY: e2e e2e-vm
 
 e2e: ## cluster up (ISTHMUS_E2E_REUSE=1: a running one), images, helm install, then cargo test -p isthmus-e2e (measured in pods)
 	e2e/suite/run
+
+e2e-vm: ## the same on the vm provider (nodes running Debian bookworm's stock kernel): latency, loss and the rest measured between pods
+	ISTHMUS_CLUSTER_PROVIDER=vm e2e/suite/run
 
 .PHONY: bench-cluster
 bench-cluster: ## issue 7 benchmark on a real 2-node cluster, 20 pods: apply → Ready and replacement pod Ready → impaired (table; docs/benchmarks.md)

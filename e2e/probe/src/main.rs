@@ -62,7 +62,7 @@ enum Command {
     /// (TCP_NODELAY; a lost segment shows up as retransmission delay, not as loss).
     /// A probe counts as received when its first echo arrives within --timeout-ms of sending;
     /// echoes after that are `late` and count as lost. Prints:
-    /// {"proto", "target", "size", "interval_ms", "timeout_ms", "sent", "received", "lost", "late",
+    /// {"proto", "started_unix_ms", "target", "size", "interval_ms", "timeout_ms", "sent", "received", "lost", "late",
     /// "loss_ratio", "duplicates", "reordered", "corrupted", "loss_bursts",
     /// "rtt_ms": {"min", "mean", "p50", "p90", "p99", "max", "stddev", "jitter"}}.
     /// lost = sent - received; loss_ratio = lost / sent; duplicates = extra copies of an echo;

@@ -185,6 +185,8 @@ pub fn run(options: &RttOptions) -> Result<Value> {
     let mut corrupted = 0u64;
     let mut frame = vec![0u8; options.size];
     let start = Instant::now();
+    // This machine's wall clock at the first probe, for lining the samples up with other events on it.
+    let started_unix_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
     let mut next_send = start;
     let mut last_send = start;
 
@@ -243,6 +245,7 @@ pub fn run(options: &RttOptions) -> Result<Value> {
     let summary = RttSummary::from_samples(&samples_ms);
     let mut report = json!({
         "proto": options.proto.name(),
+        "started_unix_ms": started_unix_ms,
         "target": target.to_string(),
         "size": options.size,
         "interval_ms": options.interval.as_secs_f64() * 1000.0,

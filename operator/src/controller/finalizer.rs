@@ -64,33 +64,27 @@ pub fn finalizers_patch(finalizers: &[String], resource_version: Option<&str>) -
 mod tests {
     use std::sync::Arc;
 
-    use isthmus_agent_api::{ApplyReply, Capabilities, DestinationPlan, Direction, Impairment, LinkRef, PodPlan};
+    use isthmus_agent_api::test_util::{destination, link, pod};
+    use isthmus_agent_api::{ApplyReply, Capabilities, Impairment};
 
     use super::*;
     use crate::controller::nodes::AppliedPlan;
 
     fn plan(node: &str, links: &[&str]) -> NodePlan {
+        let destinations = links
+            .iter()
+            .enumerate()
+            .map(|(i, l)| destination(net(&format!("10.0.1.{i}/32")), Impairment::default(), link(l)))
+            .collect();
         NodePlan {
             node: node.into(),
             version: 1,
-            pods: vec![PodPlan {
-                uid: "u".into(),
-                namespace: "ns".into(),
-                name: "p".into(),
-                ips: vec!["10.0.0.1".parse().unwrap()],
-                interface: "eth0".into(),
-                host_network: false,
-                destinations: links
-                    .iter()
-                    .enumerate()
-                    .map(|(i, l)| DestinationPlan {
-                        destination: format!("10.0.1.{i}/32").parse().unwrap(),
-                        impairment: Impairment::default(),
-                        link: LinkRef { namespace: "ns".into(), name: (*l).into(), direction: Direction::Forward },
-                    })
-                    .collect(),
-            }],
+            pods: vec![pod("u", "p", &["10.0.0.1".parse().unwrap()], destinations)],
         }
+    }
+
+    fn net(s: &str) -> ipnet::IpNet {
+        s.parse().unwrap()
     }
 
     fn acked(plan: NodePlan) -> NodeReport {
@@ -110,7 +104,7 @@ mod tests {
 
     #[test]
     fn waits_for_nodes_whose_acknowledged_plan_still_uses_the_link() {
-        let link = ObjectKey::new("ns", "a");
+        let link = ObjectKey::new("default", "a");
         let mut reports = BTreeMap::new();
         reports.insert("n1".to_string(), acked(plan("n1", &["a", "b"])));
         reports.insert("n2".to_string(), acked(plan("n2", &["b"])));
@@ -127,7 +121,7 @@ mod tests {
 
     #[test]
     fn a_deleted_node_does_not_block() {
-        let link = ObjectKey::new("ns", "a");
+        let link = ObjectKey::new("default", "a");
         let reports = BTreeMap::new();
         assert_eq!(
             cleanup_state(&link, &set(&["gone"]), &set(&["other"]), &reports),

@@ -59,9 +59,11 @@ impl Baseline {
         );
     }
 
-    /// The band a median round trip falls in when `added_ms` is added on `delayed_hops` timer-released hops:
-    /// from the baseline's p10 (the path's floor) to its p90 (its noise) plus the timers' slack.
-    pub fn median_band(&self, added_ms: f64, delayed_hops: u32) -> (f64, f64) {
+    /// The band the low end (p10) of a round trip falls in when `added_ms` is added on `delayed_hops`
+    /// timer-released hops: the baseline's p10 shifted by the delay (its floor) up to its p90 shifted (its noise)
+    /// plus the timers' slack. The low quantile is the one a busy machine cannot move: load only ever lengthens
+    /// round trips, and it would have to lengthen nine in ten to raise it.
+    pub fn shifted_band(&self, added_ms: f64, delayed_hops: u32) -> (f64, f64) {
         (self.p10 + added_ms - EARLY_MS, self.p90 + added_ms + TIMER_SLACK_MS * f64::from(delayed_hops))
     }
 }

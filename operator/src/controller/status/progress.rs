@@ -93,34 +93,20 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use isthmus_agent_api::{
-        ApplyReply, Capabilities, DestinationPlan, Direction, Impairment, ImpairmentFields, LinkRef, PodError,
-        PodResult,
-    };
+    use isthmus_agent_api::test_util::{self, destination, impairment, link};
+    use isthmus_agent_api::{ApplyReply, Capabilities, ImpairmentFields, PodError, PodResult};
 
     use super::*;
     use crate::controller::nodes::{AgentFailure, AppliedPlan};
 
-    fn pod(name: &str, link: &str, dests: u8) -> PodPlan {
-        PodPlan {
-            uid: format!("uid-{name}"),
-            namespace: "ns".into(),
-            name: name.into(),
-            ips: vec!["10.0.0.1".parse().unwrap()],
-            interface: "eth0".into(),
-            host_network: false,
-            destinations: (0..dests)
-                .map(|i| DestinationPlan {
-                    destination: format!("10.0.1.{i}/32").parse().unwrap(),
-                    impairment: Impairment::try_from(ImpairmentFields {
-                        latency: Some(Duration::from_millis(10)),
-                        ..Default::default()
-                    })
-                    .unwrap(),
-                    link: LinkRef { namespace: "ns".into(), name: link.into(), direction: Direction::Forward },
-                })
-                .collect(),
-        }
+    fn pod(name: &str, link_name: &str, dests: u8) -> PodPlan {
+        let latency = impairment(ImpairmentFields { latency: Some(Duration::from_millis(10)), ..Default::default() });
+        let destinations = (0..dests)
+            .map(|i| {
+                destination(format!("10.0.1.{i}/32").parse::<ipnet::IpNet>().unwrap(), latency.clone(), link(link_name))
+            })
+            .collect();
+        test_util::pod(&format!("uid-{name}"), name, &["10.0.0.1".parse().unwrap()], destinations)
     }
 
     fn plan(node: &str, pods: Vec<PodPlan>) -> NodePlan {
@@ -137,7 +123,7 @@ mod tests {
                 .iter()
                 .map(|(name, outcome)| PodResult {
                     uid: format!("uid-{name}"),
-                    namespace: "ns".into(),
+                    namespace: "default".into(),
                     name: (*name).into(),
                     outcome: outcome.clone(),
                     mutations: 1,
@@ -154,7 +140,7 @@ mod tests {
 
     #[test]
     fn pairs_count_as_applied_only_when_the_agent_confirmed_the_desired_entry() {
-        let link = ObjectKey::new("ns", "l");
+        let link = ObjectKey::new("default", "l");
         let desired = plan("n1", vec![pod("a", "l", 2), pod("b", "l", 3)]);
         let mut reports = BTreeMap::new();
         assert_eq!(progress([&desired], &reports).get(&link), Some(&Progress::default()), "no report: all pending");
@@ -171,7 +157,7 @@ mod tests {
 
     #[test]
     fn a_kernel_without_netem_is_named_in_the_failure() {
-        let link = ObjectKey::new("ns", "l");
+        let link = ObjectKey::new("default", "l");
         let desired = plan("n1", vec![pod("a", "l", 2)]);
         let failed =
             PodOutcome::Failed(PodError { kind: PodErrorKind::KernelUnsupported, message: "EOPNOTSUPP".into() });
@@ -181,12 +167,12 @@ mod tests {
         assert_eq!(p.failures[0].reason, "KernelUnsupported");
         assert_eq!(p.failures[0].message, "node n1's kernel has no sch_netem: latency/loss cannot be applied");
         assert_eq!(p.failures[0].node.as_deref(), Some("n1"));
-        assert_eq!(p.failures[0].pod, "ns/a");
+        assert_eq!(p.failures[0].pod, "default/a");
     }
 
     #[test]
     fn an_unreachable_agent_fails_the_pairs_it_has_not_confirmed() {
-        let link = ObjectKey::new("ns", "l");
+        let link = ObjectKey::new("default", "l");
         let desired = plan("n1", vec![pod("a", "l", 2)]);
         let reports = BTreeMap::from([(
             "n1".to_string(),
