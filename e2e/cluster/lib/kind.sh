@@ -33,10 +33,19 @@ kind_node_image() {
   echo "$image"
 }
 
+# A run directory of this name that another provider's cluster holds is not ours to write or delete.
+kind_owns_dir() {
+  local p
+  p=$(cat "$CLUSTER_DIR/provider" 2>/dev/null) || return 0
+  [ "$p" = kind ] || die "$CLUSTER_DIR belongs to a '$p' cluster named '$CLUSTER_NAME': use another ISTHMUS_CLUSTER_NAME"
+}
+
 kind_up() { # NODES CONTROL_PLANE_ONLY
   local nodes=$1 cp_only=$2 t i image workers etcd_tag
   t=$(date +%s.%N)
   command -v kind >/dev/null || die "kind is not installed (go install sigs.k8s.io/kind@<version>)"
+  kind_owns_dir
+  [ ! -e "$CLUSTER_DIR/kubeconfig" ] || die "cluster '$CLUSTER_NAME' is up already ($CLUSTER_DIR)"
   mkdir -p "$CLUSTER_DIR"
   echo kind >"$CLUSTER_DIR/provider"
   if ! timeout 10 docker info >/dev/null 2>&1; then
@@ -74,6 +83,7 @@ kind_up() { # NODES CONTROL_PLANE_ONLY
 }
 
 kind_down() {
+  kind_owns_dir
   if timeout 10 docker info >/dev/null 2>&1; then
     kind delete cluster --name "$CLUSTER_NAME"
     # kind's network outlives its clusters (a bridge on this machine): it goes with the last node on it.
