@@ -94,6 +94,10 @@ e2e: ## cluster up (ISTHMUS_E2E_REUSE=1: a running one), images, helm install, t
 e2e-vm: ## the same on the vm provider (nodes running Debian bookworm's stock kernel): latency, loss and the rest measured between pods
 	ISTHMUS_CLUSTER_PROVIDER=vm e2e/suite/run
 
+.PHONY: e2e-kind
+e2e-kind: ## make e2e through kind (cluster isthmus-kind); where no Docker answers, the project's own daemon and a node image assembled here (e2e/cluster/README.md#kind); not part of make test
+	ISTHMUS_CLUSTER_PROVIDER=kind ISTHMUS_CLUSTER_NAME=$${ISTHMUS_CLUSTER_NAME:-isthmus-kind} e2e/suite/run
+
 .PHONY: bench-cluster
 bench-cluster: ## issue 7 benchmark on a real 2-node cluster, 20 pods: apply → Ready and replacement pod Ready → impaired (table; docs/benchmarks.md)
 	ISTHMUS_E2E_BENCH=1 e2e/suite/run

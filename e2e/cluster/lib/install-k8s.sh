@@ -3,13 +3,20 @@
 # kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy, kubectl v1.34.12 and
 # etcd 3.6.4 (the version Kubernetes v1.34.12 pins), all from the module in ../k8s with its committed go.sum,
 # and the pod sandbox's pause process (../k8s/pause).
-# Usage: install-k8s.sh            prints the bin directory on its last line
+# Usage: install-k8s.sh [kubeadm]  prints the bin directory on its last line; `kubeadm` also builds kubeadm
+#                                  (the kind node image needs it; the local cluster does not)
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 K8S_VERSION=v1.34.12
 CACHE=${ISTHMUS_CACHE:-$HOME/.cache/isthmus}
 BIN=$CACHE/k8s/$K8S_VERSION/bin
 K8S_CMDS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl)
+for extra in "$@"; do
+  case $extra in
+    kubeadm) K8S_CMDS+=(kubeadm) ;;
+    *) echo "usage: $0 [kubeadm]" >&2; exit 2 ;;
+  esac
+done
 
 all_present() {
   local b

@@ -116,9 +116,10 @@ echo "$out"; exit 4
     }
 }
 
-/// Whether `node`'s kernel accepts a netem qdisc (tried on a throwaway dummy interface on the node).
+/// Whether `node`'s kernel accepts a netem qdisc (tried on a throwaway veth pair on the node: every pod network
+/// has veth, while some kernels, this machine's among them, have no dummy driver).
 pub fn node_has_netem(node: &str) -> bool {
-    const PROBE: &str = "ip link add isth-netemprobe type dummy || exit 4
+    const PROBE: &str = "ip link add isth-netemprobe type veth peer name isth-netemprob1 || exit 4
 tc qdisc add dev isth-netemprobe root netem delay 1ms 2>/dev/null; rc=$?
 ip link del isth-netemprobe; [ $rc -eq 0 ] && exit 0 || exit 1";
     let out = node_exec(node, &["sh", "-c", PROBE]);
