@@ -93,12 +93,12 @@ done
 }
 
 /// Whether `node`'s kernel refuses a duplicating netem beside another netem on one interface, as iproute2 meets
-/// it in a throwaway dummy interface on the node (the restriction reached some stable kernels as a backport,
+/// it on a throwaway veth pair on the node (the restriction reached some stable kernels as a backport,
 /// so only asking the kernel tells).
 pub fn node_restricts_duplicate_netem(node: &str) -> bool {
     const PROBE: &str = r#"
 d=isth-dupprobe
-ip link add $d type dummy || exit 4
+ip link add $d type veth peer name isth-dupprob1 || exit 4
 tc qdisc add dev $d root handle 1: htb && tc class add dev $d parent 1: classid 1:1 htb rate 1gbit &&
 tc class add dev $d parent 1: classid 1:2 htb rate 1gbit &&
 tc qdisc add dev $d parent 1:1 handle 10: netem delay 1ms || { ip link del $d; exit 4; }
