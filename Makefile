@@ -14,8 +14,9 @@ TEST_STAGES := unit operator-it chart-lint examples-validate images-test kernel-
 test: ## the whole suite: unit and host-kernel tests, API-server tests, chart, stock-kernel rig, real cluster smoke, end-to-end on this kernel and on stock-kernel nodes; every stage runs, a table of results ends it
 	@e2e/run-stages $(TEST_STAGES)
 
-unit: ## cargo tests of every crate (root: host-kernel datapath tests run in throwaway namespaces)
+unit: ## cargo tests of every crate, then the agent's root-only netlink tests (ignored in a plain cargo test) as root
 	cargo test --workspace --locked
+	cargo test -p isthmus-agent --lib --locked -- --ignored
 
 # ---- stock-kernel rig (e2e/kernel/README.md): netem & co. on Debian bookworm 6.1 (QEMU TCG) and sid 7.x (UML)
 .PHONY: kernel-test kernel-test-one kernel-fetch
