@@ -181,7 +181,7 @@ local_up() { # NODES CONTROL_PLANE_ONLY
   mkdir -p "$CLUSTER_DIR"/{logs,pids,images/loaded}
   if [ -n "$cp_only" ]; then
     echo control-plane >"$CLUSTER_DIR/mode"
-    trap local_up_failed EXIT
+    trap "up_failed local_down" EXIT
     API_PORT=$(free_port)
     echo "$API_PORT" >"$CLUSTER_DIR/api-port"
     pki_up 127.0.0.1
@@ -193,39 +193,22 @@ local_up() { # NODES CONTROL_PLANE_ONLY
     return
   fi
   echo "full $nodes" >"$CLUSTER_DIR/mode"
-  trap local_up_failed EXIT
+  trap "up_failed local_down" EXIT
   record_preexisting
   network_up
   pki_up "$BRIDGE_IP"
   mkdir -p "$CLUSTER_DIR/fake-sysctl"
   echo 1 >"$CLUSTER_DIR/fake-sysctl/one"; echo 10 >"$CLUSTER_DIR/fake-sysctl/ten"
   echo "nameserver 127.0.0.1" >"$CLUSTER_DIR/resolv.conf"
-  "$CLUSTER_HOME/build-image" "$PAUSE_IMAGE" "$CLUSTER_DIR/images/pause.tar" \
-    --file "$K8S_BIN/isthmus-pause:/pause" --entrypoint /pause --user 65535:65535 >/dev/null
+  build_pause_image "$CLUSTER_DIR/images/pause.tar"
   control_plane_up "$BRIDGE_IP"
   for ((i = 1; i <= nodes; i++)); do node_up "$i"; done
   log "started $nodes node(s); waiting for pod CIDRs"
-  for i in $(node_indices); do
-    wait_for "$(node_name "$i") pod CIDR" 60 "$(node_name "$i")-kubelet" node_has_pod_cidr "$(node_name "$i")"
-  done
-  pod_routes_up local_node_exec
-  for i in $(node_indices); do
-    wait_for "$(node_name "$i") Ready" 120 "$(node_name "$i")-kubelet" \
-      kc wait --for=condition=Ready "node/$(node_name "$i")" --timeout=2s
-  done
-  wait_for "default ServiceAccount" 60 kube-controller-manager kc -n default get serviceaccount default
+  wait_nodes_ready local_node_exec kubelet 60 120
   trap - EXIT
   log "cluster up in $(elapsed "$t") s: $nodes node(s) Ready; KUBECONFIG=$CLUSTER_DIR/kubeconfig"
 }
 
-# A failed `up` leaves nothing running either; the logs stay for the post-mortem.
-local_up_failed() {
-  local rc=$?
-  [ $rc -ne 0 ] || return 0
-  log "up failed (exit $rc); tearing down what was started (logs: $CLUSTER_DIR/logs)"
-  local_down
-  exit $rc
-}
 
 # Which of the hard-coded paths existed before we started: `down` removes only directories we created.
 record_preexisting() {

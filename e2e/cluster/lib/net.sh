@@ -51,3 +51,35 @@ pod_routes_up() { # EXEC
 }
 
 node_has_pod_cidr() { [ -n "$(kc get node "$1" -o jsonpath='{.spec.podCIDR}' 2>/dev/null)" ]; }
+
+# Once the nodes are started: their pod CIDRs, the routes to them, every node Ready, the default ServiceAccount.
+# EXEC runs a command on a node; PROC names the process per node whose death ends the wait early
+# (<node>-PROC); the timeouts are the provider's.
+wait_nodes_ready() { # EXEC PROC CIDR_TIMEOUT READY_TIMEOUT
+  local exec=$1 proc=$2 i
+  for i in $(node_indices); do
+    wait_for "$(node_name "$i") pod CIDR" "$3" "$(node_name "$i")-$proc" node_has_pod_cidr "$(node_name "$i")"
+  done
+  pod_routes_up "$exec"
+  for i in $(node_indices); do
+    wait_for "$(node_name "$i") Ready" "$4" "$(node_name "$i")-$proc" \
+      kc wait --for=condition=Ready "node/$(node_name "$i")" --timeout=2s
+  done
+  wait_for "default ServiceAccount" 60 kube-controller-manager kc -n default get serviceaccount default
+}
+
+# The pod sandbox's pause image, an archive every node imports (images cannot be pulled here).
+build_pause_image() { # OUT
+  "$CLUSTER_HOME/build-image" "$PAUSE_IMAGE" "$1" --file "$K8S_BIN/isthmus-pause:/pause" --entrypoint /pause \
+    --user 65535:65535 >/dev/null
+}
+
+# The EXIT trap of a provider's `up`: a failed `up` leaves nothing running (DOWN is the provider's down); the logs
+# stay for the post-mortem.
+up_failed() { # DOWN
+  local rc=$?
+  [ $rc -ne 0 ] || return 0
+  log "up failed (exit $rc); tearing down what was started (logs: $CLUSTER_DIR/logs)"
+  "$1"
+  exit $rc
+}

@@ -225,13 +225,12 @@ vm_up() { # NODES CONTROL_PLANE_ONLY
   mkdir -p "$CLUSTER_DIR"/{logs,pids}
   echo "full $nodes" >"$CLUSTER_DIR/mode"
   echo vm >"$CLUSTER_DIR/provider"
-  trap vm_up_failed EXIT
+  trap "up_failed vm_down" EXIT
   network_up
   pki_up "$BRIDGE_IP"
   echo "nameserver 127.0.0.1" >"$CLUSTER_DIR/resolv.conf"
   mkdir -p "$CLUSTER_DIR/images"
-  "$CLUSTER_HOME/build-image" "$PAUSE_IMAGE" "$CLUSTER_DIR/images/pause.tar" \
-    --file "$K8S_BIN/isthmus-pause:/pause" --entrypoint /pause --user 65535:65535 >/dev/null
+  build_pause_image "$CLUSTER_DIR/images/pause.tar"
   vm_initramfs "$CLUSTER_DIR/initramfs.cpio"
   for ((i = 1; i <= nodes; i++)); do
     mkdir -p "$(vm_io "$i")"/{cmd,logs,images}
@@ -241,25 +240,9 @@ vm_up() { # NODES CONTROL_PLANE_ONLY
   control_plane_up "$BRIDGE_IP"
   for ((i = 1; i <= nodes; i++)); do vm_boot "$i"; done
   log "booted $nodes $VM_KERNEL guest(s) ($VM_RELEASE); waiting for their kubelets"
-  for i in $(node_indices); do
-    wait_for "$(node_name "$i") pod CIDR" 180 "$(node_name "$i")-vm" node_has_pod_cidr "$(node_name "$i")"
-  done
-  pod_routes_up vm_node_exec
-  for i in $(node_indices); do
-    wait_for "$(node_name "$i") Ready" 180 "$(node_name "$i")-vm" \
-      kc wait --for=condition=Ready "node/$(node_name "$i")" --timeout=2s
-  done
-  wait_for "default ServiceAccount" 60 kube-controller-manager kc -n default get serviceaccount default
+  wait_nodes_ready vm_node_exec vm 180 180
   trap - EXIT
   log "cluster up in $(elapsed "$t") s: $nodes $VM_KERNEL node(s) Ready; KUBECONFIG=$CLUSTER_DIR/kubeconfig"
-}
-
-vm_up_failed() {
-  local rc=$?
-  [ $rc -ne 0 ] || return 0
-  log "up failed (exit $rc); tearing down what was started (logs: $CLUSTER_DIR/logs)"
-  vm_down
-  exit $rc
 }
 
 vm_down() {
