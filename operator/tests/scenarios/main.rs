@@ -5,6 +5,7 @@
 
 mod agent;
 mod apiserver;
+mod gates;
 mod harness;
 #[path = "../support/mod.rs"]
 mod support;
