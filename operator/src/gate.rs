@@ -164,4 +164,18 @@ mod tests {
         }
         assert_eq!(GateReason::parse("Pending"), None, "pending is never written");
     }
+
+    /// Each reason isthmus itself gives has its row in the reference and in the troubleshooting table (the failure
+    /// reasons have theirs in the failure table, checked in `failure.rs`).
+    #[test]
+    fn every_own_reason_is_documented() {
+        let reference = include_str!("../../docs/networklink.md");
+        let troubleshooting = include_str!("../../docs/troubleshooting.md");
+        for reason in [GateReason::Applied, GateReason::NoLinks, GateReason::NoPairs] {
+            let row = format!("\n| `True` | `{reason}` |");
+            assert!(reference.contains(&row), "{reason}: no row in docs/networklink.md");
+            assert!(troubleshooting.contains(&row), "{reason}: no row in docs/troubleshooting.md");
+        }
+        assert!(reference.contains(&format!("conditionType: {CONDITION_TYPE}")), "the YAML a user adds");
+    }
 }

@@ -71,11 +71,14 @@ impl Verdict {
             }
             Verdict::NoLinks => "no NetworkLink selects this pod as a source; nothing to wait for".into(),
             Verdict::NoPairs { links } => {
-                let (noun, verb) =
-                    if links.len() == 1 { ("NetworkLink", "selects") } else { ("NetworkLinks", "select") };
+                let (noun, select, give) = if links.len() == 1 {
+                    ("NetworkLink", "selects", "gives")
+                } else {
+                    ("NetworkLinks", "select", "give")
+                };
+                let links = links.join(", ");
                 format!(
-                    "{noun} {} {verb} this pod as a source but give it no destination yet; nothing to apply",
-                    links.join(", ")
+                    "{noun} {links} {select} this pod as a source but {give} it no destination yet; nothing to apply"
                 )
             }
             Verdict::Failed { message, .. } => message.clone(),

@@ -172,6 +172,11 @@ fn links_that_give_a_pod_no_destination_leave_nothing_to_wait_for() {
         w.message,
         "NetworkLinks a, b select this pod as a source but give it no destination yet; nothing to apply"
     );
+    let one = Verdict::NoPairs { links: vec!["a".into()] };
+    assert_eq!(
+        decide(None, &one, &time(1)).unwrap().message,
+        "NetworkLink a selects this pod as a source but gives it no destination yet; nothing to apply"
+    );
 }
 
 #[test]
