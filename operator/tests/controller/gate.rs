@@ -1,7 +1,7 @@
 //! The readiness gate against a real API server and a real agent: the operator's server-side apply of its one
 //! condition on `pods/status` lands next to the kubelet's conditions, holds a pod whose entry failed NotReady,
 //! makes a pod no link selects ready, leaves ungated pods alone, writes nothing more once the conditions stand,
-//! and is bound to the pod it decided for.
+//! decides a replaced pod anew, and releases a pod whose link is deleted.
 
 use std::time::Duration;
 
@@ -95,6 +95,17 @@ async fn the_gate_condition_lands_on_the_pod_and_holds_it_not_ready() {
     })
     .await;
     assert_eq!(gate(&renewed).map(|g| g.1), Some("NoLinks".into()));
+
+    // The link goes: nothing selects the client any more, so nothing holds it back.
+    links.delete("gated", &DeleteParams::default()).await.unwrap();
+    eventually("link gone", || async { links.get_opt("gated").await.ok()?.is_none().then_some(()) }).await;
+    let freed = eventually("the client released", || async {
+        let p = pods.get("client-0").await.ok()?;
+        (gate(&p)?.0 == "True").then_some(p)
+    })
+    .await;
+    assert_eq!(gate(&freed).map(|g| g.1), Some("NoLinks".into()));
+    assert!(kubelet_ready(&freed));
 
     running.stop().await;
     t.finish().await;
