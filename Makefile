@@ -59,7 +59,7 @@ images-test: ## tests of the image pipeline (archive checks, determinism) on bus
 # ---- operator against a real control plane (etcd + kube-apiserver + controller-manager; e2e/cluster/README.md)
 .PHONY: operator-it
 
-operator-it: ## operator integration tests (CRD, finalizer, status, leader hand-over and fencing, `uninstall` subcommand, a real agent on 127.0.0.1) on a throwaway control plane
+operator-it: ## operator integration tests (CRD, finalizer, status, leader hand-over and fencing, `uninstall` subcommand, a real agent on 127.0.0.1, the readiness gate) on a throwaway control plane
 	@export ISTHMUS_CLUSTER_NAME=operator-it-$$$$; \
 	trap 'e2e/cluster/cluster down >/dev/null' EXIT; \
 	cargo build -p isthmus-agent && \

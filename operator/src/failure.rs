@@ -32,6 +32,21 @@ pub enum FailureReason {
 }
 
 impl FailureReason {
+    /// Every reason, in declaration order (for reading one back from its text).
+    pub const ALL: [FailureReason; 11] = [
+        FailureReason::HostNetwork,
+        FailureReason::AgentUnavailable,
+        FailureReason::AgentUnreachable,
+        FailureReason::AgentRefused,
+        FailureReason::InvalidPlan,
+        FailureReason::PodNotFound,
+        FailureReason::InterfaceNotFound,
+        FailureReason::ForeignQdisc,
+        FailureReason::KernelUnsupported,
+        FailureReason::DuplicateRestriction,
+        FailureReason::Kernel,
+    ];
+
     pub const fn as_str(self) -> &'static str {
         match self {
             FailureReason::HostNetwork => "HostNetwork",
@@ -144,6 +159,7 @@ mod tests {
             (FailureReason::DuplicateRestriction, "DuplicateRestriction"),
             (FailureReason::Kernel, "Kernel"),
         ];
+        assert_eq!(FailureReason::ALL, reasons.map(|(r, _)| r), "ALL lists every reason once");
         for (reason, text) in reasons {
             assert_eq!(reason.as_str(), text);
             assert_eq!(reason.to_string(), text);

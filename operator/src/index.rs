@@ -15,6 +15,7 @@ use kube::ResourceExt;
 use kube::core::{Selector, SelectorExt};
 
 use crate::api::{NetworkLink, ResolvedImpairments, ServiceInclusion, SpecError};
+use crate::gate::PodGate;
 
 pub type Labels = BTreeMap<String, String>;
 
@@ -234,12 +235,20 @@ pub struct Index {
     pub namespaces: BTreeMap<String, Labels>,
     pub services: BTreeMap<ObjectKey, ServiceInfo>,
     pub links: BTreeMap<ObjectKey, LinkInfo>,
+    /// The pods that declare the readiness gate, with the condition each carries. Apart from `pods`, so that
+    /// the condition isthmus itself writes never marks a link stale.
+    pub gates: BTreeMap<ObjectKey, PodGate>,
 }
 
 impl Index {
     /// The pods of one namespace, in name order.
     pub fn pods_in<'a>(&'a self, namespace: &'a str) -> impl Iterator<Item = (&'a ObjectKey, &'a PodInfo)> + 'a {
         self.pods.range(ObjectKey::new(namespace, "")..).take_while(move |(k, _)| k.namespace == namespace)
+    }
+
+    /// The links of one namespace, in name order.
+    pub fn links_in<'a>(&'a self, namespace: &'a str) -> impl Iterator<Item = (&'a ObjectKey, &'a LinkInfo)> + 'a {
+        self.links.range(ObjectKey::new(namespace, "")..).take_while(move |(k, _)| k.namespace == namespace)
     }
 
     pub fn services_in<'a>(

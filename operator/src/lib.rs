@@ -5,6 +5,7 @@
 //! - [`index`]: an in-memory store of the Kubernetes objects that matter, fed by watch events;
 //! - [`plan`]: the pure, incremental computation of each node's plan and each link's status facts;
 //! - [`failure`]: why a pod is not shaped and why an agent call failed, each spelled once;
+//! - [`gate`]: the pod readiness gate `isthmus.dev/links-applied`: its condition and reasons;
 //! - [`controller`]: watches, per-node dispatch to the agents, status and the cleanup finalizer;
 //! - [`leader`]: leader election on a Lease, fenced on the Lease's own expiry;
 //! - [`metrics`], [`telemetry`]: the Prometheus metrics, logging and the `/metrics`, `/healthz`, `/readyz` server;
@@ -13,6 +14,7 @@
 pub mod api;
 pub mod controller;
 pub mod failure;
+pub mod gate;
 pub mod index;
 pub mod leader;
 pub mod metrics;

@@ -38,6 +38,7 @@ pub struct Metrics {
     pub agent_call_errors: Family<AgentErrorLabels, Counter>,
     pub agent_call_duration: Histogram,
     pub status_patches: Family<ResultLabels, Counter>,
+    pub gate_patches: Family<ResultLabels, Counter>,
     pub leader: Gauge,
 }
 
@@ -60,6 +61,7 @@ impl Metrics {
             agent_call_errors: Family::default(),
             agent_call_duration: Histogram::new(exponential_buckets(0.001, 4.0, 10)),
             status_patches: Family::default(),
+            gate_patches: Family::default(),
             leader: Gauge::default(),
             registry: Registry::default(),
         };
@@ -80,6 +82,11 @@ impl Metrics {
         );
         registry.register("agent_call_duration_seconds", "Time of one plan delivery", m.agent_call_duration.clone());
         registry.register("status_patches", "NetworkLink status writes, by result", m.status_patches.clone());
+        registry.register(
+            "gate_patches",
+            "Pod readiness gate condition writes, by result (ok, gone, error)",
+            m.gate_patches.clone(),
+        );
         registry.register("leader", "1 while this replica holds the leader lease", m.leader.clone());
         Metrics { registry, ..m }
     }
@@ -94,6 +101,11 @@ impl Metrics {
 
     pub fn status_patch(&self, ok: bool) {
         self.status_patches.get_or_create(&ResultLabels { result: if ok { "ok" } else { "error" }.into() }).inc();
+    }
+
+    /// A readiness gate write: `ok`, `gone` (the pod was deleted or replaced) or `error`.
+    pub fn gate_patch(&self, result: &str) {
+        self.gate_patches.get_or_create(&ResultLabels { result: result.into() }).inc();
     }
 
     /// The text exposition format.

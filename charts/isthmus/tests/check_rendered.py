@@ -24,6 +24,30 @@ def main():
             for rule in role.get("rules", []):
                 for field in ("apiGroups", "resources", "verbs", "resourceNames"):
                     check("*" not in rule.get(field, []), f"{kind} {role['metadata']['name']}: wildcard in {field}")
+    # The operator's cluster-wide rules, exactly: what docs and README promise. pods/status is patch only: the
+    # readiness gate applies its one condition and never replaces the kubelet's status.
+    operator_rules = {
+        ("isthmus.dev", "networklinks"): ["get", "list", "watch", "update", "patch"],
+        ("isthmus.dev", "networklinks/status"): ["get", "update", "patch"],
+        ("isthmus.dev", "networklinks/finalizers"): ["update"],
+        ("", "pods"): ["get", "list", "watch"],
+        ("", "namespaces"): ["get", "list", "watch"],
+        ("", "services"): ["get", "list", "watch"],
+        ("", "pods/status"): ["patch"],
+        ("", "nodes"): ["get", "list", "watch"],
+        ("events.k8s.io", "events"): ["create", "patch"],
+    }
+    (cluster_role,) = [r for r in by_kind["ClusterRole"] if r["metadata"]["name"].endswith("-operator")]
+    rendered = {}
+    for rule in cluster_role["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                check((group, resource) not in rendered, f"operator ClusterRole: {group}/{resource} in two rules")
+                rendered[(group, resource)] = sorted(rule["verbs"])
+    expected = {k: sorted(v) for k, v in operator_rules.items()}
+    for key in sorted(set(rendered) | set(expected)):
+        check(rendered.get(key) == expected.get(key),
+              f"operator ClusterRole: {key[0] or 'core'}/{key[1]} verbs {rendered.get(key)}, expected {expected.get(key)}")
     for kind in ("ClusterRoleBinding", "RoleBinding"):
         for b in by_kind.get(kind, []):
             for s in b["subjects"]:

@@ -2,7 +2,8 @@
 # make chart-lint: checks of charts/isthmus without nodes.
 #   1. charts/isthmus/crds/networklink.yaml is byte-identical to the generated crds/networklink.yaml;
 #   2. helm lint --strict and helm template for several value sets; static checks of the rendered objects
-#      (no RBAC wildcards, the agent's exact capabilities, non-root operator, certificate SANs = identities);
+#      (no RBAC wildcards, the operator's exact ClusterRole rules, the agent's exact capabilities, non-root
+#      operator, certificate SANs = identities);
 #   3. values.schema.json refuses bad values, naming the field;
 #   4. a control-plane-only Kubernetes 1.34 cluster: every rendered object passes `kubectl apply --dry-run=server`;
 #      a real `helm install` + `helm upgrade` keeps the certificates; deleting a Secret + upgrade re-issues only it;
@@ -12,7 +13,8 @@
 #   6. the uninstall hook's command (`isthmus-operator uninstall` with the rendered args), impersonating the hook's
 #      ServiceAccount with exactly its RBAC: times out naming the links whose finalizer stays, succeeds once gone;
 #   7. the real operator binary, impersonating its ServiceAccount with the chart's environment, gets
-#      ready, takes its Lease, adds/removes its finalizer and writes status, with no forbidden request.
+#      ready, takes its Lease, adds/removes its finalizer, writes status and a gated pod's readiness condition,
+#      with no forbidden request.
 # Environment: ISTHMUS_OPERATOR_BIN (default: a built isthmus-operator, else `cargo build -p isthmus-operator`), ISTHMUS_CRD (the generated CRD, default crds/networklink.yaml), ISTHMUS_CLUSTER_NAME (default chart-lint), ISTHMUS_AGENT_BIN (default: a built isthmus-agent),
 # CHART_LINT_SKIP_CLUSTER=1 to run only steps 1-3.
 set -euo pipefail

@@ -8,6 +8,7 @@ certificate from the installed Secret. Then checks that it
 - becomes ready (every watch listed: pods, namespaces, services, nodes, agents, NetworkLinks);
 - takes the Lease named in the chart;
 - adds its finalizer to a new NetworkLink and writes its status (observedGeneration);
+- applies the readiness gate condition on a pod that declares it (pods/status);
 - lets a deleted NetworkLink go (no agents: nothing to confirm);
 - never logs a 403 / forbidden.
 Usage: operator_rbac.py --operator BIN --kubectl "CMD" --rendered DEPLOY.yaml --work DIR
@@ -82,6 +83,16 @@ def main():
         get = lambda path: kc("-n", "chart-lint-rbac", "get", "networklink", "rbac-check", "-o", f"jsonpath={path}").stdout
         wait("added its finalizer to a new NetworkLink (patch)", lambda: "isthmus.dev/cleanup" in get("{.metadata.finalizers}"))
         wait("wrote the link's status (status subresource)", lambda: get("{.status.observedGeneration}") == "1")
+        # A pod that declares the readiness gate and that no link selects: the operator marks it True (NoLinks).
+        # No kubelet runs here; the pod only has to exist. Created once the namespace's default ServiceAccount does.
+        pod = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": "gated", "namespace": "chart-lint-rbac", "labels": {"app": "c"}},
+               "spec": {"readinessGates": [{"conditionType": "isthmus.dev/links-applied"}],
+                        "containers": [{"name": "c", "image": "localhost/none:1"}]}}
+        wait("created a gated pod", lambda: kc("apply", "-f", "-", input=json.dumps(pod)).returncode == 0)
+        gate = '{.status.conditions[?(@.type=="isthmus.dev/links-applied")].reason}'
+        wait("applied the readiness gate condition on the gated pod (pods/status patch)",
+             lambda: kc("-n", "chart-lint-rbac", "get", "pod", "gated", "-o", f"jsonpath={gate}").stdout == "NoLinks")
         kc("-n", "chart-lint-rbac", "delete", "networklink", "rbac-check", "--wait=false", check=True)
         wait("released the deleted link (finalizer removed)",
              lambda: "NotFound" in kc("-n", "chart-lint-rbac", "get", "networklink", "rbac-check").stderr)

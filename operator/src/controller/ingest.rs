@@ -64,6 +64,7 @@ impl Controller {
                 }
                 if self.relist.mark_synced(W::KIND) {
                     tracing::info!("all watches synced");
+                    self.gates.all = true;
                     self.ctx.ready.store(true, Ordering::Relaxed);
                 }
             }

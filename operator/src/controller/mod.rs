@@ -1,17 +1,19 @@
 //! The controller around the pure plan: watches feed one task that owns the [`Planner`]; after each batch of
 //! events it recomputes what changed, hands each changed node's plan to that node's dispatcher ([`nodes`]),
 //! queues the statuses that changed ([`status`]) and drives the cleanup finalizer ([`finalizer`]). Only the
-//! leader dispatches and writes; a follower keeps the index warm.
+//! leader dispatches and writes; a follower keeps the index warm. Pods that declare the readiness gate get their
+//! condition decided after each batch too ([`gates`]).
 //!
 //! The task's state is [`Controller`]; each job extends it in its own file: `watch.rs` and `watched.rs` (one
 //! typed description per watched resource), `ingest.rs` (events and re-lists), `links.rs` (NetworkLink
-//! objects), `agents.rs` (which agent serves each node), `cleanup.rs` (finalizer patches) and `status/writer.rs`
-//! (status writes).
+//! objects), `agents.rs` (which agent serves each node), `cleanup.rs` (finalizer patches), `status/writer.rs`
+//! (status writes) and `gates/writer.rs` (readiness gate writes).
 
 pub mod agent;
 mod agents;
 mod cleanup;
 pub mod finalizer;
+pub mod gates;
 mod ingest;
 mod links;
 pub mod nodes;
@@ -19,6 +21,7 @@ pub mod status;
 pub mod version;
 pub mod watch;
 mod watched;
+mod writes;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::AtomicBool;
@@ -35,6 +38,7 @@ use crate::plan::Planner;
 use agent::AgentApi;
 use agents::AgentPod;
 use cleanup::PendingCleanup;
+use gates::writer::GateQueue;
 use ingest::Relist;
 use links::LinkMeta;
 use nodes::{DispatchConfig, Dispatchers, Reports, Shared};
@@ -79,6 +83,8 @@ struct Controller {
     relist: Relist,
     dirty_nodes: BTreeSet<String>,
     status: StatusQueue,
+    /// Readiness gate conditions to decide and to write.
+    gates: GateQueue,
     /// Links with a finalizer patch in flight.
     finalizer_busy: Arc<Mutex<BTreeSet<ObjectKey>>>,
 }
@@ -101,6 +107,7 @@ pub async fn run_with_updates(
     let (reported_tx, mut reported_rx) = mpsc::unbounded_channel();
     let mut c = Controller::new(ctx.clone(), reported_tx);
     let writer = c.status.spawn_writer(ctx.clone());
+    let gate_writer = c.gates.spawn_writer(ctx.clone());
     let mut leader = ctx.leader.clone();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
@@ -111,8 +118,11 @@ pub async fn run_with_updates(
                 let Some(update) = update else { break };
                 c.on_updates(update, &mut updates);
             }
-            Some(_) = reported_rx.recv() => {
-                while reported_rx.try_recv().is_ok() {}
+            Some(node) = reported_rx.recv() => {
+                c.gates.nodes.insert(node);
+                while let Ok(node) = reported_rx.try_recv() {
+                    c.gates.nodes.insert(node);
+                }
                 c.status.dirty.extend(c.links.keys().cloned());
                 c.after_batch();
             }
@@ -125,6 +135,7 @@ pub async fn run_with_updates(
         }
     }
     writer.abort();
+    gate_writer.abort();
     tracing::info!("controller stopped");
 }
 
@@ -151,6 +162,7 @@ impl Controller {
             relist: Relist::default(),
             dirty_nodes: BTreeSet::new(),
             status: StatusQueue::default(),
+            gates: GateQueue::default(),
             finalizer_busy: Arc::default(),
         }
     }
@@ -185,11 +197,14 @@ impl Controller {
         if leading {
             self.status.new_term(self.links.keys().cloned());
         }
+        self.gates.new_term();
         self.after_batch();
     }
 
     fn recompute(&mut self) {
         let changes = self.planner.recompute();
+        self.gates.nodes.extend(changes.nodes.iter().cloned());
+        self.gates.all |= changes.selection;
         self.dirty_nodes.extend(changes.nodes);
         self.status.dirty.extend(changes.links);
     }
@@ -211,6 +226,7 @@ impl Controller {
             }
         }
         self.flush_statuses();
+        self.flush_gates();
         self.housekeeping();
     }
 

@@ -77,10 +77,15 @@ impl Watched for Pods {
         Update::Pod(event)
     }
     fn upsert(c: &mut Controller, object: Pod) {
-        c.planner.apply_pod(&object)
+        c.planner.apply_pod(&object);
+        let key = Self::key(&object);
+        if c.planner.index().gates.contains_key(&key) {
+            c.gates.pods.insert(key);
+        }
     }
     fn delete(c: &mut Controller, key: &ObjectKey) {
-        c.planner.delete_pod(key)
+        c.planner.delete_pod(key);
+        c.gates.forget(key);
     }
     fn known(c: &Controller) -> Vec<ObjectKey> {
         c.planner.index().pods.keys().cloned().collect()

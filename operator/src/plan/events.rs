@@ -6,11 +6,16 @@ use kube::core::SelectorExt;
 use super::planner::Planner;
 use super::resolve::Resolution;
 use crate::api::{NetworkLink, ServiceInclusion};
+use crate::gate::PodGate;
 use crate::index::{Index, Labels, LinkInfo, NamespaceScope, ObjectKey, PodInfo, ServiceInfo};
 
 impl Planner {
     pub fn apply_pod(&mut self, pod: &Pod) {
         let (key, info) = PodInfo::from_pod(pod);
+        match PodGate::from_pod(pod) {
+            Some(gate) => self.index.gates.insert(key.clone(), gate),
+            None => self.index.gates.remove(&key),
+        };
         self.upsert_pod(key, info);
     }
 
@@ -23,6 +28,7 @@ impl Planner {
     }
 
     pub fn delete_pod(&mut self, key: &ObjectKey) {
+        self.index.gates.remove(key);
         if let Some(old) = self.index.pods.remove(key) {
             self.pod_changed(key, Some(&old), None);
         }
@@ -73,12 +79,14 @@ impl Planner {
         if self.index.links.get(&key) != Some(&info) {
             self.index.links.insert(key.clone(), info);
             self.dirty_links.insert(key);
+            self.selection_changed = true;
         }
     }
 
     pub fn delete_link(&mut self, key: &ObjectKey) {
         if self.index.links.remove(key).is_some() {
             self.dirty_links.insert(key.clone());
+            self.selection_changed = true;
         }
     }
 
@@ -109,6 +117,7 @@ impl Planner {
     }
 
     fn namespaces_changed(&mut self) {
+        self.selection_changed = true;
         for (link_key, link) in &self.index.links {
             if matches!(&link.compiled, Ok((sel, _)) if matches!(sel.to_namespaces, NamespaceScope::Selected(_))) {
                 self.dirty_links.insert(link_key.clone());

@@ -21,5 +21,5 @@ mod winner;
 
 pub use facts::{LinkFacts, Overlap};
 pub use planner::{Changes, Planner, compute};
-pub use resolve::{EndpointMemo, Exclusion, Resolution, Side, Source, resolve_link};
+pub use resolve::{EndpointMemo, Exclusion, Resolution, Side, Source, host_network, resolve_link};
 pub use winner::{LinkStats, PodOutput, compute_pod};

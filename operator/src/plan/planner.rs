@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use isthmus_agent_api::NodePlan;
+use isthmus_agent_api::{NodePlan, PodPlan};
 
 use super::resolve::{EndpointMemo, Resolution, mark_changed_sources, resolve_link_with};
 use super::winner::{LinkStats, PodOutput, compute_pod};
@@ -32,6 +32,9 @@ pub struct Changes {
     pub nodes: Vec<String>,
     /// Links whose facts may have changed.
     pub links: Vec<ObjectKey>,
+    /// A link was added, changed or removed, or a namespace's labels changed: which links select a pod may
+    /// differ even where no resolution did (a pod that does not run yet is in none).
+    pub selection: bool,
 }
 
 /// The index plus cached resolutions and node plans, updated incrementally.
@@ -46,6 +49,8 @@ pub struct Planner {
     pub(super) nodes: BTreeMap<String, NodeState>,
     pub(super) dirty_links: BTreeSet<ObjectKey>,
     pub(super) dirty_pods: BTreeSet<ObjectKey>,
+    /// Since the last recompute: see [`Changes::selection`].
+    pub(super) selection_changed: bool,
 }
 
 /// Computes every plan from scratch.
@@ -71,7 +76,11 @@ impl Planner {
         for pod in std::mem::take(&mut self.dirty_pods) {
             self.recompute_pod(pod, &mut changed_nodes, &mut changed_links);
         }
-        Changes { nodes: changed_nodes.into_iter().collect(), links: changed_links.into_iter().collect() }
+        Changes {
+            nodes: changed_nodes.into_iter().collect(),
+            links: changed_links.into_iter().collect(),
+            selection: std::mem::take(&mut self.selection_changed),
+        }
     }
 
     /// Re-resolves the stale links; returns those whose resolution changed, after marking the source pods
@@ -176,5 +185,13 @@ impl Planner {
 
     pub fn node_plans(&self) -> impl Iterator<Item = &NodePlan> {
         self.nodes.values().map(|s| &s.plan)
+    }
+
+    /// A source pod's entry and the node whose plan holds it; `None` when no plan holds the pod.
+    pub fn pod_entry(&self, pod: &ObjectKey) -> Option<(&str, &PodPlan)> {
+        let node = self.pod_nodes.get(pod)?;
+        let state = self.nodes.get(node)?;
+        let i = state.position(pod).ok()?;
+        Some((node, &state.plan.pods[i]))
     }
 }

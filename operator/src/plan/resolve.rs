@@ -91,10 +91,13 @@ fn host_network_exclusion(key: &ObjectKey, pod: &PodInfo, role: &str) -> Exclusi
         pod: key.clone(),
         node: pod.node.clone(),
         reason: FailureReason::HostNetwork,
-        message: format!(
-            "{role} pod uses the host's network: its egress and its IP are the node's, so isthmus does not touch it"
-        ),
+        message: host_network(role),
     }
+}
+
+/// Why a host-network pod is left alone; `role` is `source` or `destination`.
+pub fn host_network(role: &str) -> String {
+    format!("{role} pod uses the host's network: its egress and its IP are the node's, so isthmus does not touch it")
 }
 
 /// The running pods each Service selects, computed at most once per [`Planner::recompute`] and shared by

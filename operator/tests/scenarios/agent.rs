@@ -1,6 +1,7 @@
 //! An in-memory stand-in for the node agents, behind the operator's `AgentApi`: it records every plan it is
 //! sent, answers like the real agent (a plan older than the one in force is stale; the reply lists every pod
-//! of the plan), and can be told to fail a pod, to be unreachable, or to hold a newer version.
+//! of the plan), and can be told to fail a pod, to be unreachable, to hold a newer version, or to take its time
+//! (a call waits while the agent is paused, like a slow node's agent installing its trees).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -20,6 +21,8 @@ struct Agent {
     in_force: Option<u64>,
     last_results: Vec<PodResult>,
     unreachable: bool,
+    /// Calls wait, unanswered, while set.
+    paused: bool,
     /// Pod name → the error the agent answers for it.
     pod_errors: BTreeMap<String, PodError>,
 }
@@ -51,6 +54,7 @@ impl FakeAgents {
             in_force: None,
             last_results: Vec::new(),
             unreachable: false,
+            paused: false,
             pod_errors: BTreeMap::new(),
         };
         self.agents.lock().unwrap().entry(addr).or_insert_with(agent);
@@ -62,6 +66,15 @@ impl FakeAgents {
 
     pub fn set_unreachable(&self, addr: SocketAddr, unreachable: bool) {
         self.with(addr, |a| a.unreachable = unreachable);
+    }
+
+    /// While paused, a call waits before the agent looks at the plan; it is answered once resumed.
+    pub fn set_paused(&self, addr: SocketAddr, paused: bool) {
+        self.with(addr, |a| a.paused = paused);
+    }
+
+    fn paused(&self, addr: SocketAddr) -> bool {
+        self.agents.lock().unwrap().get(&addr).is_some_and(|a| a.paused)
     }
 
     pub fn set_netem(&self, addr: SocketAddr, netem: bool) {
@@ -141,6 +154,9 @@ impl AgentApi for FakeAgents {
             // A real call always waits for the network; so must this one, or a dispatcher that calls in a loop
             // would starve everything else on the test's runtime.
             tokio::task::yield_now().await;
+            while self.paused(agent) {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
             self.answer(agent, plan)
         })
     }

@@ -1,7 +1,9 @@
 //! An in-memory API server for the controller's writes, in the manner of kube-rs `controller-rs`'s fixtures: a
-//! `kube::Client` whose transport is a function. It keeps the NetworkLinks, answers status patches (server-side
-//! apply), finalizer merge patches (refused with 409 on a stale resourceVersion, as the real one does) and
-//! Event creation, records each, and feeds every change back to the controller as a watch event would.
+//! `kube::Client` whose transport is a function. It keeps the NetworkLinks and the pods created through it,
+//! answers status patches (server-side apply), finalizer merge patches (refused with 409 on a stale
+//! resourceVersion, as the real one does), pod conditions (server-side apply on `pods/status`, merged by type,
+//! refused with 422 for another UID) and Event creation, records each, and feeds every change back to the
+//! controller as a watch event would.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -10,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use http::{Method, Request, Response, StatusCode};
 use isthmus_operator::api::{NetworkLink, NetworkLinkStatus};
 use isthmus_operator::controller::watch::Update;
+use k8s_openapi::api::core::v1::{Pod, PodCondition};
 use kube::client::Body;
 use kube::runtime::watcher::Event;
 use serde_json::{Value, json};
@@ -18,15 +21,33 @@ use tokio::sync::mpsc;
 /// One write the controller made.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Write {
-    Status { link: String, status: Box<NetworkLinkStatus> },
-    Finalizers { link: String, finalizers: Vec<String> },
-    Event { link: String, type_: String, reason: String },
+    Status {
+        link: String,
+        status: Box<NetworkLinkStatus>,
+    },
+    Finalizers {
+        link: String,
+        finalizers: Vec<String>,
+    },
+    Event {
+        link: String,
+        type_: String,
+        reason: String,
+    },
+    /// A pod condition applied on `pods/status` by a field manager.
+    PodCondition {
+        pod: String,
+        manager: String,
+        condition: PodCondition,
+    },
 }
 
 #[derive(Debug, Default)]
 struct State {
     /// "namespace/name" → the object as JSON.
     links: BTreeMap<String, Value>,
+    /// "namespace/name" → the pod as JSON.
+    pods: BTreeMap<String, Value>,
     writes: Vec<Write>,
     resource_version: u64,
 }
@@ -78,6 +99,38 @@ impl FakeApiServer {
         .expect("a link to change");
     }
 
+    /// A pod, as the kubelet would report it; the controller sees it through its pod watch.
+    pub fn create_pod(&self, pod: &Pod) {
+        let mut state = self.state.lock().unwrap();
+        self.commit_pod(&mut state, serde_json::to_value(pod).unwrap());
+    }
+
+    /// A pod the server holds without telling the watch: for a test that lists it itself.
+    pub fn store_pod(&self, pod: &Pod) {
+        let v = serde_json::to_value(pod).unwrap();
+        let key =
+            format!("{}/{}", v["metadata"]["namespace"].as_str().unwrap(), v["metadata"]["name"].as_str().unwrap());
+        self.state.lock().unwrap().pods.insert(key, v);
+    }
+
+    pub fn pod(&self, pod: &str) -> Option<Pod> {
+        let state = self.state.lock().unwrap();
+        state.pods.get(pod).map(|v| serde_json::from_value(v.clone()).unwrap())
+    }
+
+    /// The pod conditions written to one pod, in order: (status, reason, message).
+    pub fn pod_conditions(&self, pod: &str) -> Vec<(String, String, String)> {
+        let pod = format!("{}/{pod}", super::harness::NS);
+        (self.writes().into_iter())
+            .filter_map(|w| match w {
+                Write::PodCondition { pod: p, condition: c, .. } if p == pod => {
+                    Some((c.status, c.reason.unwrap_or_default(), c.message.unwrap_or_default()))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
     pub fn link(&self, link: &str) -> Option<NetworkLink> {
         let state = self.state.lock().unwrap();
         state.links.get(link).map(|v| serde_json::from_value(v.clone()).unwrap())
@@ -117,6 +170,18 @@ impl FakeApiServer {
         v
     }
 
+    /// Stores a pod under a new resourceVersion and tells the controller's pod watch.
+    fn commit_pod(&self, state: &mut State, mut v: Value) -> Value {
+        let key =
+            format!("{}/{}", v["metadata"]["namespace"].as_str().unwrap(), v["metadata"]["name"].as_str().unwrap());
+        state.resource_version += 1;
+        v["metadata"]["resourceVersion"] = json!(state.resource_version.to_string());
+        state.pods.insert(key, v.clone());
+        let pod = serde_json::from_value(v.clone()).unwrap();
+        self.watch.try_send(Update::Pod(Event::Apply(pod))).expect("the controller keeps up");
+        v
+    }
+
     fn record(&self, write: Write) {
         self.state.lock().unwrap().writes.push(write);
     }
@@ -131,6 +196,12 @@ impl FakeApiServer {
             }
             (&Method::PATCH, ["apis", "isthmus.dev", "v1alpha1", "namespaces", ns, "networklinks", name]) => {
                 self.patch_finalizers(&format!("{ns}/{name}"), body)
+            }
+            (&Method::PATCH, ["api", "v1", "namespaces", ns, "pods", name, "status"]) => {
+                let manager = (parts.uri.query().unwrap_or_default().split('&'))
+                    .find_map(|q| q.strip_prefix("fieldManager="))
+                    .unwrap_or_default();
+                self.apply_pod_conditions(&format!("{ns}/{name}"), manager, body)
             }
             (&Method::POST, ["apis", "events.k8s.io", "v1", "namespaces", _, "events"])
             | (&Method::PATCH, ["apis", "events.k8s.io", "v1", "namespaces", _, "events", _]) => self.event(body),
@@ -158,6 +229,33 @@ impl FakeApiServer {
             Ok(())
         });
         self.answer(result, Write::Finalizers { link: key.to_owned(), finalizers })
+    }
+
+    /// Server-side apply of conditions on a pod's status: each replaces the pod's condition of its type (the list is
+    /// a map keyed by type), the others stay. A UID in the body that is not the pod's is refused, as the real API
+    /// server refuses to change an immutable field.
+    fn apply_pod_conditions(&self, key: &str, manager: &str, body: Value) -> Response<Body> {
+        let mut state = self.state.lock().unwrap();
+        let Some(mut v) = state.pods.get(key).cloned() else {
+            return respond(StatusCode::NOT_FOUND, status_body(404, &format!("pods {key} not found")));
+        };
+        let uid = &body["metadata"]["uid"];
+        if !uid.is_null() && *uid != v["metadata"]["uid"] {
+            return respond(StatusCode::UNPROCESSABLE_ENTITY, status_body(422, "metadata.uid: field is immutable"));
+        }
+        let applied: Vec<PodCondition> = serde_json::from_value(body["status"]["conditions"].clone()).unwrap();
+        let mut conditions: Vec<Value> = v["status"]["conditions"].as_array().cloned().unwrap_or_default();
+        for c in &applied {
+            conditions.retain(|o| o["type"] != c.type_.as_str());
+            conditions.push(serde_json::to_value(c).unwrap());
+        }
+        v["status"]["conditions"] = json!(conditions);
+        let stored = self.commit_pod(&mut state, v);
+        drop(state);
+        for condition in applied {
+            self.record(Write::PodCondition { pod: key.to_owned(), manager: manager.to_owned(), condition });
+        }
+        respond(StatusCode::OK, stored)
     }
 
     /// Records a write that went through, and answers with the stored object or the refusal.

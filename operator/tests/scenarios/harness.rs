@@ -155,6 +155,14 @@ pub fn pod(name: &str, app: &str, node: &str, ip: &str) -> Pod {
     .unwrap()
 }
 
+/// [`pod`], declaring the readiness gate `isthmus.dev/links-applied`.
+pub fn gated_pod(name: &str, app: &str, node: &str, ip: &str) -> Pod {
+    let mut pod = pod(name, app, node, ip);
+    let gate = json!([{"conditionType": isthmus_operator::gate::CONDITION_TYPE}]);
+    pod.spec.as_mut().unwrap().readiness_gates = Some(serde_json::from_value(gate).unwrap());
+    pod
+}
+
 pub fn agent_pod(node: &str, ip: &str, uid: &str) -> Pod {
     serde_json::from_value(json!({
         "metadata": {"name": format!("agent-{node}"), "namespace": "isthmus-system", "uid": uid,

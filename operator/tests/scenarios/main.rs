@@ -1,10 +1,11 @@
 //! Scenario tests of the whole controller, in memory: watch events go in, and the tests check what each node's
 //! agent receives and what the controller writes to the API (statuses, finalizers, Events). The agents are
 //! [`agent::FakeAgents`], the API server is [`apiserver::FakeApiServer`]; no process, port or cluster is involved.
-//! The same paths against a real API server and a real agent binary: tests/controller.rs (`make operator-it`).
+//! The same paths against a real API server and a real agent binary: tests/controller/ (`make operator-it`).
 
 mod agent;
 mod apiserver;
+mod gates;
 mod harness;
 #[path = "../support/mod.rs"]
 mod support;

@@ -11,7 +11,7 @@ use crate::plan::LinkFacts;
 mod progress;
 pub(super) mod writer;
 
-pub use progress::{Progress, progress};
+pub use progress::{Outcome, Progress, confirmed_outcome, judge, progress};
 
 pub const READY: &str = "Ready";
 pub const DEGRADED: &str = "Degraded";

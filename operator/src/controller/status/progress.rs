@@ -1,5 +1,6 @@
 //! What the agents made of each link's pairs: applied, failed (with the reason per pod) or pending, from each
-//! node's desired plan and the latest report of its agent. Pure.
+//! node's desired plan and the latest report of its agent. Pure. The readiness gate judges a pod's whole entry
+//! with the same [`judge`], so that a pod and its links never disagree on what is applied.
 
 use std::collections::BTreeMap;
 
@@ -32,29 +33,48 @@ pub fn progress<'a>(
             let confirmed = confirmed_outcome(report, pod);
             for (link, (pairs, needs_netem)) in pairs_per_link(pod) {
                 let p = out.entry(link).or_default();
-                match confirmed {
-                    Some(PodOutcome::Applied) => p.applied += pairs,
-                    Some(PodOutcome::Failed(err)) => {
+                match judge(&plan.node, report, confirmed, needs_netem) {
+                    Outcome::Applied => p.applied += pairs,
+                    Outcome::Failed(reason, message) => {
                         p.failed += pairs;
-                        let no_netem = report.and_then(|r| r.capabilities.as_ref()).is_some_and(|c| !c.netem);
-                        let message = if err.kind == PodErrorKind::KernelUnsupported && no_netem && needs_netem {
-                            format!("node {}'s kernel has no sch_netem: latency/loss cannot be applied", plan.node)
-                        } else {
-                            err.message.clone()
-                        };
-                        p.failures.push(failure(&plan.node, pod, err.kind.into(), message));
+                        p.failures.push(failure(&plan.node, pod, reason, message));
                     }
-                    None => {
-                        if let Some(f) = report.and_then(|r| r.failure.as_ref()) {
-                            p.failed += pairs;
-                            p.failures.push(failure(&plan.node, pod, f.reason, f.message.clone()));
-                        }
-                    }
+                    Outcome::Pending => {}
                 }
             }
         }
     }
     out
+}
+
+/// What the agents made of one pod's desired entry, or of the part of it that one link decides.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    Applied,
+    Failed(FailureReason, String),
+    Pending,
+}
+
+/// The outcome of a pod's desired entry on `node`, from the agent's confirmation of exactly that entry
+/// ([`confirmed_outcome`]) or else the node's delivery failure. `needs_netem`: whether the destinations judged
+/// need netem, so that an agent's `KernelUnsupported` on a node without it says so.
+pub fn judge(node: &str, report: Option<&NodeReport>, confirmed: Option<&PodOutcome>, needs_netem: bool) -> Outcome {
+    match confirmed {
+        Some(PodOutcome::Applied) => Outcome::Applied,
+        Some(PodOutcome::Failed(err)) => {
+            let no_netem = report.and_then(|r| r.capabilities.as_ref()).is_some_and(|c| !c.netem);
+            let message = if err.kind == PodErrorKind::KernelUnsupported && no_netem && needs_netem {
+                format!("node {node}'s kernel has no sch_netem: latency/loss cannot be applied")
+            } else {
+                err.message.clone()
+            };
+            Outcome::Failed(err.kind.into(), message)
+        }
+        None => match report.and_then(|r| r.failure.as_ref()) {
+            Some(f) => Outcome::Failed(f.reason, f.message.clone()),
+            None => Outcome::Pending,
+        },
+    }
 }
 
 /// The pod's pairs per link, and whether any of them needs netem.
@@ -69,7 +89,7 @@ fn pairs_per_link(pod: &PodPlan) -> BTreeMap<ObjectKey, (u32, bool)> {
 }
 
 /// The agent's outcome for the pod, if the plan it acknowledged holds exactly the pod's desired entry.
-fn confirmed_outcome<'r>(report: Option<&'r NodeReport>, pod: &PodPlan) -> Option<&'r PodOutcome> {
+pub fn confirmed_outcome<'r>(report: Option<&'r NodeReport>, pod: &PodPlan) -> Option<&'r PodOutcome> {
     let applied = report?.applied.as_ref()?;
     if !applied.plan.pods.iter().any(|p| p == pod) {
         return None;

@@ -3,8 +3,7 @@
 //! each condition a user should notice.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -15,6 +14,7 @@ use tokio::task::JoinHandle;
 
 use super::{DEGRADED, OVERLAPPING, READY, link_status, progress, transitions};
 use crate::api::{NetworkLink, NetworkLinkStatus};
+use crate::controller::writes::{self, write_while_leading};
 use crate::controller::{Context, Controller};
 use crate::index::ObjectKey;
 
@@ -26,7 +26,7 @@ struct StatusJob {
     reference: ObjectReference,
 }
 
-type Jobs = Arc<Mutex<BTreeMap<ObjectKey, StatusJob>>>;
+type Jobs = writes::Jobs<StatusJob>;
 
 /// The statuses to check and to write.
 #[derive(Debug, Default)]
@@ -53,7 +53,7 @@ impl StatusQueue {
     }
 }
 
-fn now_seconds() -> Time {
+pub(in crate::controller) fn now_seconds() -> Time {
     // The API server keeps whole seconds; a sub-second time would never compare equal after a round trip.
     let secs = k8s_openapi::jiff::Timestamp::now().as_second();
     Time(k8s_openapi::jiff::Timestamp::from_second(secs).expect("now is a valid timestamp"))
@@ -94,41 +94,29 @@ impl Controller {
 }
 
 async fn write_statuses(ctx: Arc<Context>, jobs: Jobs, notify: Arc<Notify>) {
-    let mut leader = ctx.leader.clone();
     let params = PatchParams::apply(&ctx.config.field_manager).force();
-    loop {
-        tokio::select! {
-            _ = notify.notified() => {}
-            _ = leader.changed() => {}
-            _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+    write_while_leading(ctx.leader.clone(), jobs, notify, |key, job| write_status(&ctx, &params, key, job)).await
+}
+
+/// One status; the job back when it should be retried.
+async fn write_status(ctx: &Context, params: &PatchParams, key: ObjectKey, job: StatusJob) -> Result<(), StatusJob> {
+    let api: Api<NetworkLink> = Api::namespaced(ctx.client.clone(), &key.namespace);
+    let body = serde_json::json!({
+        "apiVersion": "isthmus.dev/v1alpha1",
+        "kind": "NetworkLink",
+        "status": job.status,
+    });
+    match api.patch_status(&key.name, params, &Patch::Apply(&body)).await {
+        Ok(_) => {
+            ctx.metrics.status_patch(true);
+            publish_transitions(ctx, &key, &job).await;
+            Ok(())
         }
-        if !*leader.borrow_and_update() {
-            continue;
-        }
-        let batch = std::mem::take(&mut *jobs.lock().unwrap_or_else(|p| p.into_inner()));
-        for (key, job) in batch {
-            if !*leader.borrow() {
-                break; // lost the lease: stop writing at once; the next leader recomputes everything
-            }
-            let api: Api<NetworkLink> = Api::namespaced(ctx.client.clone(), &key.namespace);
-            let body = serde_json::json!({
-                "apiVersion": "isthmus.dev/v1alpha1",
-                "kind": "NetworkLink",
-                "status": job.status,
-            });
-            match api.patch_status(&key.name, &params, &Patch::Apply(&body)).await {
-                Ok(_) => {
-                    ctx.metrics.status_patch(true);
-                    publish_transitions(&ctx, &key, &job).await;
-                }
-                Err(kube::Error::Api(e)) if e.code == 404 => {}
-                Err(e) => {
-                    ctx.metrics.status_patch(false);
-                    tracing::warn!(link = %key, error = %e, "writing status");
-                    let mut pending = jobs.lock().unwrap_or_else(|p| p.into_inner());
-                    pending.entry(key).or_insert(job);
-                }
-            }
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => {
+            ctx.metrics.status_patch(false);
+            tracing::warn!(link = %key, error = %e, "writing status");
+            Err(job)
         }
     }
 }

@@ -1,0 +1,355 @@
+//! What the tests against a real API server share: the client from `ISTHMUS_TEST_KUBECONFIG`, the CRD, fresh
+//! namespaces, controllers started as `controller::run` would be, NetworkLinks and pods made "running" without a
+//! kubelet, and a real `isthmus-agent` process on 127.0.0.1 with its Node and pod.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use isthmus_agent_api::client::{AgentClient, ClientConfig, TlsFiles};
+use isthmus_operator::api::{FromSpec, ImpairmentSpec, NetworkLink, NetworkLinkSpec, ServiceInclusion, ToSpec};
+use isthmus_operator::controller::nodes::DispatchConfig;
+use isthmus_operator::controller::version::Backoff;
+use isthmus_operator::controller::watch::AgentSelector;
+use isthmus_operator::controller::{self, Config, Context};
+use isthmus_operator::gate::CONDITION_TYPE;
+use isthmus_operator::metrics::Metrics;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::events::v1::Event as K8sEvent;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::{Client, CustomResourceExt};
+use serde_json::json;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// The controllers of different tests would act on each other's links: one test at a time.
+pub static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+pub async fn client() -> Option<Client> {
+    let path = std::env::var("ISTHMUS_TEST_KUBECONFIG").ok()?;
+    let kc = kube::config::Kubeconfig::read_from(&path).expect("readable kubeconfig");
+    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.expect("usable kubeconfig");
+    Some(Client::try_from(config).expect("client"))
+}
+
+pub async fn install_crd(client: &Client) {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crd = NetworkLink::crd();
+    let name = crd.metadata.name.clone().unwrap();
+    crds.patch(&name, &PatchParams::apply("isthmus-operator-it").force(), &Patch::Apply(&crd)).await.unwrap();
+    eventually("CRD established", || async {
+        let c = crds.get(&name).await.ok()?;
+        c.status?.conditions?.iter().any(|c| c.type_ == "Established" && c.status == "True").then_some(())
+    })
+    .await;
+}
+
+pub async fn namespace(client: &Client, name: &str) {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let _ = api.delete(name, &DeleteParams::default()).await;
+    eventually("old namespace gone", || async { api.get_opt(name).await.ok()?.is_none().then_some(()) }).await;
+    api.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": name}})).unwrap())
+        .await
+        .unwrap();
+}
+
+pub async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The operator's client identity for the agents (never used here, but loaded as in production).
+pub fn agent_client(dir: &std::path::Path) -> Arc<AgentClient> {
+    std::fs::create_dir_all(dir).unwrap();
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca_cert = ca.self_signed(&ca_key).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let leaf = rcgen::CertificateParams::new(vec!["isthmus-operator".to_owned()]).unwrap();
+    let cert = leaf.signed_by(&key, &ca_cert, &ca_key).unwrap();
+    std::fs::write(dir.join("ca.crt"), ca_cert.pem()).unwrap();
+    std::fs::write(dir.join("tls.crt"), cert.pem()).unwrap();
+    std::fs::write(dir.join("tls.key"), key.serialize_pem()).unwrap();
+    Arc::new(AgentClient::new(ClientConfig::new(TlsFiles::in_dir(dir))).unwrap())
+}
+
+pub struct Running {
+    shutdown: watch::Sender<bool>,
+    task: JoinHandle<()>,
+    /// Keeps a fixed leadership answer alive for the controller's lifetime.
+    _leading: Option<watch::Sender<bool>>,
+}
+
+impl Running {
+    pub async fn stop(self) {
+        let _ = self.shutdown.send(true);
+        self.task.await.unwrap();
+    }
+}
+
+pub fn start(
+    client: &Client,
+    ns: &str,
+    identity: &str,
+    leader: watch::Receiver<bool>,
+    cleanup_timeout: Duration,
+) -> Running {
+    let dir = std::env::temp_dir().join(format!("isth-op-it-{}-{identity}", std::process::id()));
+    let agents = agent_client(&dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    start_full(client, ns, identity, leader, cleanup_timeout, agents, 9443)
+}
+
+pub fn start_with_client(client: &Client, ns: &str, agents: Arc<AgentClient>, port: u16) -> Running {
+    let (tx, rx) = watch::channel(true);
+    let mut running = start_full(client, ns, "with-agent", rx, Duration::from_secs(120), agents, port);
+    running._leading = Some(tx);
+    running
+}
+
+fn start_full(
+    client: &Client,
+    ns: &str,
+    identity: &str,
+    leader: watch::Receiver<bool>,
+    cleanup_timeout: Duration,
+    agent_client: Arc<AgentClient>,
+    agent_port: u16,
+) -> Running {
+    let ctx = Context {
+        client: client.clone(),
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter { controller: "isthmus-operator".into(), instance: Some(identity.into()) },
+        ),
+        metrics: Arc::new(Metrics::new()),
+        agent_api: agent_client,
+        config: Config {
+            agent_port,
+            // No agent runs on a control plane without nodes; the selector matches nothing of other tests.
+            agents: AgentSelector { namespace: Some(ns.into()), labels: format!("isthmus-it-agent={ns}") },
+            dispatch: DispatchConfig { resync: Duration::from_secs(60), backoff: Backoff::default() },
+            cleanup_timeout,
+            field_manager: "isthmus-operator".into(),
+        },
+        leader,
+        ready: Arc::new(AtomicBool::new(false)),
+    };
+    let (shutdown, rx) = watch::channel(false);
+    let task = tokio::spawn(controller::run(ctx, rx));
+    Running { shutdown, task, _leading: None }
+}
+
+pub fn link(name: &str, latency: &str) -> NetworkLink {
+    let sel = |app: &str| LabelSelector {
+        match_labels: Some(BTreeMap::from([("app".into(), app.into())])),
+        match_expressions: None,
+    };
+    NetworkLink::new(
+        name,
+        NetworkLinkSpec {
+            from: FromSpec { pod_selector: sel("client") },
+            to: ToSpec {
+                pod_selector: Some(sel("server")),
+                namespace_selector: None,
+                cidrs: vec![],
+                services: ServiceInclusion::Matching,
+            },
+            impairment: Some(ImpairmentSpec { latency: Some(latency.into()), ..Default::default() }),
+            reverse: None,
+            symmetric: false,
+            one_way: false,
+            profile: None,
+            priority: 0,
+        },
+    )
+}
+
+/// A pod that the API server holds as running on `node` (no kubelet: the test writes the status).
+pub async fn running_pod(client: &Client, ns: &str, name: &str, app: &str, node: &str, ip: &str) {
+    create_running_pod(client, ns, name, app, node, ip, false).await
+}
+
+/// [`running_pod`] declaring the readiness gate, with the conditions a kubelet reports while a gate is not True:
+/// the containers ready, the pod not.
+pub async fn gated_pod(client: &Client, ns: &str, name: &str, app: &str, node: &str, ip: &str) {
+    create_running_pod(client, ns, name, app, node, ip, true).await
+}
+
+async fn create_running_pod(client: &Client, ns: &str, name: &str, app: &str, node: &str, ip: &str, gated: bool) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let mut pod = json!({
+        "metadata": {"name": name, "labels": {"app": app}},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "localhost/none:1"}]},
+    });
+    let mut status = json!({"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}});
+    if gated {
+        pod["spec"]["readinessGates"] = json!([{"conditionType": CONDITION_TYPE}]);
+        status["status"]["conditions"] = json!([
+            {"type": "ContainersReady", "status": "True"},
+            {"type": "Ready", "status": "False", "reason": "ReadinessGatesNotReady"},
+        ]);
+    }
+    pods.create(&PostParams::default(), &serde_json::from_value(pod).unwrap()).await.unwrap();
+    pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
+}
+
+pub fn condition(link: &NetworkLink, type_: &str) -> Option<(String, String)> {
+    let c = link.status.as_ref()?.conditions.iter().find(|c| c.type_ == type_)?;
+    Some((c.status.clone(), c.reason.clone()))
+}
+
+pub async fn event_reasons(client: &Client, ns: &str, link: &str) -> Vec<String> {
+    let events: Api<K8sEvent> = Api::namespaced(client.clone(), ns);
+    let list = events.list(&ListParams::default()).await.unwrap();
+    list.items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(link))
+        .filter_map(|e| e.reason)
+        .collect()
+}
+
+/// A real `isthmus-agent` process on 127.0.0.1 that sees no network namespace at all (empty `--proc` and
+/// `--netns-dirs`), so it answers every pod with `PodNotFound` and can touch nothing on this machine.
+pub struct RealAgent {
+    child: std::process::Child,
+    dir: std::path::PathBuf,
+    pub port: u16,
+    pub client: Arc<AgentClient>,
+}
+
+impl Drop for RealAgent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+const OPERATOR_IDENTITY: &str = "isthmus-operator.isthmus-system.serviceaccount.isthmus";
+
+impl RealAgent {
+    pub async fn start(binary: &str, node: &str) -> RealAgent {
+        let dir = std::env::temp_dir().join(format!("isth-op-it-agent-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        for sub in ["agent-tls", "operator-tls", "empty-proc", "empty-netns"] {
+            std::fs::create_dir_all(dir.join(sub)).unwrap();
+        }
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca_cert = ca.self_signed(&ca_key).unwrap();
+        let issue = |name: &str, server: bool, to: &str| {
+            let key = rcgen::KeyPair::generate().unwrap();
+            let mut p = rcgen::CertificateParams::new(vec![name.to_owned()]).unwrap();
+            p.extended_key_usages = vec![if server {
+                rcgen::ExtendedKeyUsagePurpose::ServerAuth
+            } else {
+                rcgen::ExtendedKeyUsagePurpose::ClientAuth
+            }];
+            let cert = p.signed_by(&key, &ca_cert, &ca_key).unwrap();
+            std::fs::write(dir.join(to).join("ca.crt"), ca_cert.pem()).unwrap();
+            std::fs::write(dir.join(to).join("tls.crt"), cert.pem()).unwrap();
+            std::fs::write(dir.join(to).join("tls.key"), key.serialize_pem()).unwrap();
+        };
+        issue("isthmus-agent", true, "agent-tls");
+        issue(OPERATOR_IDENTITY, false, "operator-tls");
+        let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        // Two ports released in turn can be the same one; the agent then fails to bind and never answers.
+        let port = free();
+        let health = std::iter::repeat_with(free).find(|h| *h != port).unwrap();
+        let log = std::fs::File::create(dir.join("agent.log")).unwrap();
+        let child = std::process::Command::new(binary)
+            .args(["serve", "--node-name", node, "--log-format", "text", "--tls-reload-seconds", "1"])
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--health-listen")
+            .arg(format!("127.0.0.1:{health}"))
+            .arg("--tls-dir")
+            .arg(dir.join("agent-tls"))
+            .arg("--proc")
+            .arg(dir.join("empty-proc"))
+            .arg("--netns-dirs")
+            .arg(dir.join("empty-netns"))
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("isthmus-agent starts");
+        let client = Arc::new(AgentClient::new(ClientConfig::new(TlsFiles::in_dir(dir.join("operator-tls")))).unwrap());
+        let agent = RealAgent { child, dir, port, client };
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        eventually("agent answers", || async { agent.client.capabilities(addr).await.ok() }).await;
+        agent
+    }
+}
+
+/// A test with a real agent: the client, a fresh namespace, the agent on 127.0.0.1 with its Node and its pod
+/// (as the DaemonSet would make it: on the node, ready, its IP where the agent listens), and the test's turn.
+pub struct WithAgent {
+    pub client: Client,
+    pub ns: String,
+    pub node: String,
+    pub agent: RealAgent,
+    _serial: tokio::sync::MutexGuard<'static, ()>,
+}
+
+impl WithAgent {
+    /// `None`, saying why, where `make operator-it` did not set the environment.
+    pub async fn start(name: &str) -> Option<WithAgent> {
+        let Some(client) = client().await else {
+            eprintln!("ISTHMUS_TEST_KUBECONFIG is not set: skipped (run `make operator-it`)");
+            return None;
+        };
+        let Ok(binary) = std::env::var("ISTHMUS_TEST_AGENT_BIN") else {
+            eprintln!("ISTHMUS_TEST_AGENT_BIN is not set: skipped (run `make operator-it`)");
+            return None;
+        };
+        let serial = SERIAL.lock().await;
+        install_crd(&client).await;
+        let ns = format!("op-it-{name}-{}", std::process::id());
+        namespace(&client, &ns).await;
+        let node = format!("op-it-{name}-node-{}", std::process::id());
+        let agent = RealAgent::start(&binary, &node).await;
+        let nodes: Api<Node> = Api::all(client.clone());
+        let _ = nodes.delete(&node, &DeleteParams::default()).await;
+        let object = serde_json::from_value(json!({"metadata": {"name": node}})).unwrap();
+        nodes.create(&PostParams::default(), &object).await.unwrap();
+        let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+        let agent_pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "agent", "labels": {"isthmus-it-agent": ns}},
+            "spec": {"nodeName": node, "containers": [{"name": "agent", "image": "localhost/none:1"}]},
+        }))
+        .unwrap();
+        pods.create(&PostParams::default(), &agent_pod).await.unwrap();
+        let ready = json!({"status": {"phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}],
+            "conditions": [{"type": "Ready", "status": "True"}]}});
+        pods.patch_status("agent", &PatchParams::default(), &Patch::Merge(&ready)).await.unwrap();
+        Some(WithAgent { client, ns, node, agent, _serial: serial })
+    }
+
+    /// A leading controller whose agent client carries the identity this agent trusts.
+    pub fn controller(&self) -> Running {
+        start_with_client(&self.client, &self.ns, self.agent.client.clone(), self.agent.port)
+    }
+
+    /// Removes the Node and the namespace; the agent stops.
+    pub async fn finish(self) {
+        let _ = Api::<Node>::all(self.client.clone()).delete(&self.node, &DeleteParams::default()).await;
+        let _ = Api::<Namespace>::all(self.client.clone()).delete(&self.ns, &DeleteParams::default()).await;
+    }
+}
