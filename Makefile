@@ -66,9 +66,9 @@ operator-it: ## operator integration tests (CRD, finalizer, status, leader hand-
 	e2e/cluster/cluster up --control-plane-only && \
 	export KUBECONFIG=$$(e2e/cluster/cluster kubeconfig) ISTHMUS_TEST_KUBECONFIG=$$(e2e/cluster/cluster kubeconfig) \
 		ISTHMUS_TEST_AGENT_BIN=$(CARGO_TARGET_DIR)/debug/isthmus-agent && \
-	cargo test -p isthmus-operator --test controller && \
-	cargo test -p isthmus-operator --test leader && \
-	cargo test -p isthmus-operator --test uninstall && \
+	cargo test -p isthmus-operator --test controller -- --ignored && \
+	cargo test -p isthmus-operator --test leader -- --ignored && \
+	cargo test -p isthmus-operator --test uninstall -- --ignored && \
 	cargo test -p isthmus-operator --test apiserver -- --ignored
 
 # ---- Helm chart and examples (each starts its own control-plane-only cluster, ~10 s, and tears it down)

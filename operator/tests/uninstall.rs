@@ -79,11 +79,10 @@ async fn uninstall(kubeconfig: &str, timeout_seconds: u64) -> Output {
 }
 
 #[tokio::test]
+#[ignore = "needs a real API server: make operator-it starts one"]
 async fn uninstall_fails_naming_links_kept_by_finalizer_then_succeeds_once_they_are_gone() {
-    let Some((client, kubeconfig)) = client().await else {
-        eprintln!("ISTHMUS_TEST_KUBECONFIG not set: skipping (run `make operator-it`)");
-        return;
-    };
+    let (client, kubeconfig) =
+        client().await.expect("ISTHMUS_TEST_KUBECONFIG: a real API server (make operator-it sets it)");
     install_crd(&client).await;
     fresh_namespace(&client).await;
     let links: Api<NetworkLink> = Api::namespaced(client.clone(), NAMESPACE);

@@ -309,16 +309,11 @@ pub struct WithAgent {
 }
 
 impl WithAgent {
-    /// `None`, saying why, where `make operator-it` did not set the environment.
-    pub async fn start(name: &str) -> Option<WithAgent> {
-        let Some(client) = client().await else {
-            eprintln!("ISTHMUS_TEST_KUBECONFIG is not set: skipped (run `make operator-it`)");
-            return None;
-        };
-        let Ok(binary) = std::env::var("ISTHMUS_TEST_AGENT_BIN") else {
-            eprintln!("ISTHMUS_TEST_AGENT_BIN is not set: skipped (run `make operator-it`)");
-            return None;
-        };
+    /// Needs the environment `make operator-it` sets: a real API server and a built agent.
+    pub async fn start(name: &str) -> WithAgent {
+        let client = client().await.expect("ISTHMUS_TEST_KUBECONFIG: a real API server (make operator-it sets it)");
+        let binary = std::env::var("ISTHMUS_TEST_AGENT_BIN")
+            .expect("ISTHMUS_TEST_AGENT_BIN: the agent (make operator-it sets it)");
         let serial = SERIAL.lock().await;
         install_crd(&client).await;
         let ns = format!("op-it-{name}-{}", std::process::id());
@@ -339,7 +334,7 @@ impl WithAgent {
         let ready = json!({"status": {"phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}],
             "conditions": [{"type": "Ready", "status": "True"}]}});
         pods.patch_status("agent", &PatchParams::default(), &Patch::Merge(&ready)).await.unwrap();
-        Some(WithAgent { client, ns, node, agent, _serial: serial })
+        WithAgent { client, ns, node, agent, _serial: serial }
     }
 
     /// A leading controller whose agent client carries the identity this agent trusts.

@@ -37,8 +37,9 @@ async fn decided(pods: &Api<Pod>, name: &str, what: &str) -> Pod {
 }
 
 #[tokio::test]
+#[ignore = "needs a real API server: make operator-it starts one"]
 async fn the_gate_condition_lands_on_the_pod_and_holds_it_not_ready() {
-    let Some(t) = WithAgent::start("gate").await else { return };
+    let t = WithAgent::start("gate").await;
     let (client, ns, node) = (&t.client, &t.ns, &t.node);
     // The agent sees no network namespace: it answers every pod it is sent with PodNotFound.
     gated_pod(client, ns, "client-0", "client", node, "198.51.100.50").await;
