@@ -21,6 +21,10 @@
 //! with HTTP 403; a certificate from another CA, or none, fails the TLS handshake.
 //! Note: wildcard SANs are honoured as in server-name checking, so the CA must not issue `*.` names.
 //!
+//! A second identity, the metrics scraper's (`--scraper-identity`, the chart's `isthmus-metrics-scraper`
+//! Secret), may read `/metrics` on the same port and nothing else: per-destination metrics name tenants' links
+//! and pods, so they are not served to anonymous callers.
+//!
 //! # Files (a mounted `kubernetes.io/tls` Secret)
 //! - `ca.crt`: the CA that signs the operator's client certificate (only this CA is trusted);
 //! - `tls.crt`, `tls.key`: the agent's serving certificate, valid for the DNS name the operator dials
@@ -40,11 +44,20 @@ use rustls::server::{ParsedCertificate, ServerConfig, WebPkiClientVerifier};
 /// The operator's identity when none is configured.
 pub const DEFAULT_OPERATOR_IDENTITY: &str = "isthmus-operator.isthmus-system.serviceaccount.isthmus";
 
-/// The DNS SAN a caller's certificate must carry.
-#[derive(Debug, Clone)]
-pub struct OperatorIdentity(ServerName<'static>);
+/// Who a caller is, by its client certificate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Caller {
+    /// Plans, observed state, capabilities and metrics.
+    Operator,
+    /// Metrics only (Prometheus, with the chart's scraper certificate).
+    Scraper,
+}
 
-impl OperatorIdentity {
+/// A DNS SAN a caller's certificate must carry.
+#[derive(Debug, Clone)]
+pub struct Identity(ServerName<'static>);
+
+impl Identity {
     pub fn new(dns_name: &str) -> Result<Self, AuthError> {
         match ServerName::try_from(dns_name.to_owned()) {
             Ok(name @ ServerName::DnsName(_)) => Ok(Self(name)),
@@ -52,19 +65,45 @@ impl OperatorIdentity {
         }
     }
 
-    /// Checks a verified client certificate chain (end entity first).
-    pub fn authorize(&self, chain: Option<&[rustls::pki_types::CertificateDer<'_>]>) -> Result<(), String> {
+    fn carried_by(&self, certificate: &ParsedCertificate<'_>) -> bool {
+        rustls::client::verify_server_name(certificate, &self.0).is_ok()
+    }
+
+    pub fn name(&self) -> String {
+        self.0.to_str().into_owned()
+    }
+}
+
+/// The identities the agent serves: the operator's, and optionally a metrics scraper's.
+#[derive(Debug, Clone)]
+pub struct Callers {
+    pub operator: Identity,
+    pub scraper: Option<Identity>,
+}
+
+impl Callers {
+    /// Who a verified client certificate chain (end entity first) belongs to.
+    pub fn authorize(&self, chain: Option<&[rustls::pki_types::CertificateDer<'_>]>) -> Result<Caller, String> {
         let Some(end_entity) = chain.and_then(|c| c.first()) else {
             return Err("no client certificate".into());
         };
         let parsed =
             ParsedCertificate::try_from(end_entity).map_err(|e| format!("unreadable client certificate: {e}"))?;
-        rustls::client::verify_server_name(&parsed, &self.0)
-            .map_err(|_| format!("the client certificate is not for the operator (expected DNS SAN {})", self.name()))
-    }
-
-    pub fn name(&self) -> String {
-        self.0.to_str().into_owned()
+        if self.operator.carried_by(&parsed) {
+            return Ok(Caller::Operator);
+        }
+        match &self.scraper {
+            Some(scraper) if scraper.carried_by(&parsed) => Ok(Caller::Scraper),
+            Some(scraper) => Err(format!(
+                "the client certificate is neither the operator's nor the scraper's (expected DNS SAN {} or {})",
+                self.operator.name(),
+                scraper.name()
+            )),
+            None => Err(format!(
+                "the client certificate is not for the operator (expected DNS SAN {})",
+                self.operator.name()
+            )),
+        }
     }
 }
 

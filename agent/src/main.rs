@@ -12,11 +12,11 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use isthmus_agent::auth::{DEFAULT_OPERATOR_IDENTITY, OperatorIdentity, ReloadingTls};
+use isthmus_agent::auth::{Callers, DEFAULT_OPERATOR_IDENTITY, Identity, ReloadingTls};
 use isthmus_agent::metrics::Metrics;
 use isthmus_agent::netns::Sources;
 use isthmus_agent::node::{self, Node, NodeConfig};
-use isthmus_agent::server::{self, Health, TlsListener};
+use isthmus_agent::server::{self, Health, Limits, PlainListener, TlsListener};
 use isthmus_agent_api::tls::TlsFiles;
 
 #[derive(Debug, Parser)]
@@ -80,7 +80,7 @@ struct ServeArgs {
     /// Address of the operator API (mutual TLS).
     #[arg(long, env = "ISTHMUS_LISTEN", default_value = "0.0.0.0:9443")]
     listen: SocketAddr,
-    /// Address of /healthz, /readyz and /metrics (plain HTTP).
+    /// Address of /healthz and /readyz (plain HTTP).
     #[arg(long, env = "ISTHMUS_HEALTH_LISTEN", default_value = "0.0.0.0:9464")]
     health_listen: SocketAddr,
     /// Directory with ca.crt (the operator's CA), tls.crt and tls.key (the agent's serving certificate).
@@ -89,6 +89,10 @@ struct ServeArgs {
     /// The DNS SAN the operator's client certificate carries.
     #[arg(long, env = "ISTHMUS_OPERATOR_IDENTITY", default_value = DEFAULT_OPERATOR_IDENTITY)]
     operator_identity: String,
+    /// The DNS SAN of a client certificate that may read /metrics on the API port (and nothing else); empty:
+    /// only the operator may.
+    #[arg(long, env = "ISTHMUS_SCRAPER_IDENTITY", default_value = "")]
+    scraper_identity: String,
     /// How often the TLS files are checked for changes, in seconds.
     #[arg(long, env = "ISTHMUS_TLS_RELOAD_SECONDS", default_value_t = 5)]
     tls_reload_seconds: u64,
@@ -147,12 +151,18 @@ async fn cleanup(common: CommonArgs) -> anyhow::Result<()> {
 async fn serve(args: ServeArgs, common: CommonArgs) -> anyhow::Result<()> {
     init_logging(common.log_format);
     let node_name = args.node_name.clone().context("--node-name (or NODE_NAME) is required")?;
-    let identity = OperatorIdentity::new(&args.operator_identity).context("--operator-identity")?;
+    let callers = Callers {
+        operator: Identity::new(&args.operator_identity).context("--operator-identity")?,
+        scraper: match args.scraper_identity.as_str() {
+            "" => None,
+            name => Some(Identity::new(name).context("--scraper-identity")?),
+        },
+    };
     let tls = Arc::new(ReloadingTls::load(TlsFiles::in_dir(&args.tls_dir)).context("loading the TLS files")?);
     let metrics = Arc::new(Metrics::new());
 
     // Health first, so that liveness holds while the kernel is probed and installed trees are adopted.
-    let health = Health::new(metrics.clone());
+    let health = Health::default();
     let health_listener = tokio::net::TcpListener::bind(args.health_listen)
         .await
         .with_context(|| format!("binding --health-listen {}", args.health_listen))?;
@@ -160,8 +170,9 @@ async fn serve(args: ServeArgs, common: CommonArgs) -> anyhow::Result<()> {
     let health_task = {
         let mut stop = stop_rx.clone();
         let router = server::health_router(health.clone());
+        let metrics = metrics.clone();
         tokio::spawn(async move {
-            axum::serve(health_listener, router)
+            axum::serve(PlainListener::new(health_listener, metrics.clone(), Limits::HEALTH), router)
                 .with_graceful_shutdown(async move {
                     let _ = stop.wait_for(|s| *s).await;
                 })
@@ -181,12 +192,14 @@ async fn serve(args: ServeArgs, common: CommonArgs) -> anyhow::Result<()> {
     let tcp = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding --listen {}", args.listen))?;
-    let listener = TlsListener::new(tcp, tls, identity.clone(), metrics.clone())?;
-    health.set_ready(node.clone());
-    tracing::info!(node = %node_name, api = %args.listen, health = %args.health_listen, operator = %identity.name(), "serving");
+    let operator = callers.operator.name();
+    let scraper = callers.scraper.as_ref().map(Identity::name);
+    let listener = TlsListener::new(tcp, tls, callers, metrics.clone(), Limits::API)?;
+    health.set_ready();
+    tracing::info!(node = %node_name, api = %args.listen, health = %args.health_listen, %operator, ?scraper, "serving");
 
     let mut stop = stop_rx.clone();
-    let api = tokio::spawn(server::serve_api(listener, node, async move {
+    let api = tokio::spawn(server::serve_api(listener, node, metrics, async move {
         let _ = stop.wait_for(|s| *s).await;
     }));
     shutdown_signal().await;

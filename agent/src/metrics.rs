@@ -6,7 +6,11 @@ use std::sync::{Arc, Mutex};
 use ipnet::IpNet;
 use isthmus_agent_api::{Counters, Direction, LinkRef, PodErrorKind};
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use std::fmt::Write as _;
+
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeLabelSet, EncodeLabelValue, EncodeMetric, LabelValueEncoder,
+};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
@@ -105,6 +109,49 @@ impl Collector for LinkCounters {
     }
 }
 
+/// Which of the agent's listeners.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ListenerKind {
+    Api,
+    Health,
+}
+
+impl EncodeLabelValue for ListenerKind {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> std::fmt::Result {
+        encoder.write_str(match self {
+            ListenerKind::Api => "api",
+            ListenerKind::Health => "health",
+        })
+    }
+}
+
+/// What the connection gate did with a caller when every slot was taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GateOutcome {
+    /// Closed at once.
+    Refused,
+    /// Let in; the address holding the most slots gave one up.
+    EvictedHeaviest,
+    /// Let in; the oldest holder, stale, gave its slot up.
+    EvictedStale,
+}
+
+impl EncodeLabelValue for GateOutcome {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> std::fmt::Result {
+        encoder.write_str(match self {
+            GateOutcome::Refused => "refused",
+            GateOutcome::EvictedHeaviest => "evicted_heaviest",
+            GateOutcome::EvictedStale => "evicted_stale",
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct GateLabels {
+    pub listener: ListenerKind,
+    pub outcome: GateOutcome,
+}
+
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
@@ -120,6 +167,8 @@ pub struct Metrics {
     pub trees_removed: Counter,
     pub tls_handshake_failures: Counter,
     pub forbidden_requests: Counter,
+    pub gate: Family<GateLabels, Counter>,
+    pub scrape_observes: Counter,
 }
 
 impl Default for Metrics {
@@ -189,8 +238,20 @@ impl Metrics {
         let forbidden_requests = Counter::default();
         registry.register(
             "isthmus_agent_forbidden_requests",
-            "API requests refused because the client certificate is not the operator's",
+            "API requests refused because the client certificate does not name a caller allowed there",
             forbidden_requests.clone(),
+        );
+        let gate = Family::<GateLabels, Counter>::default();
+        registry.register(
+            "isthmus_agent_connection_gate",
+            "Connections that found every slot of a listener taken: refused, or let in by evicting another",
+            gate.clone(),
+        );
+        let scrape_observes = Counter::default();
+        registry.register(
+            "isthmus_agent_scrape_observes",
+            "Reads of every pod's counters made for a scrape (concurrent and repeated scrapes share one)",
+            scrape_observes.clone(),
         );
         Self {
             registry,
@@ -206,6 +267,8 @@ impl Metrics {
             trees_removed,
             tls_handshake_failures,
             forbidden_requests,
+            gate,
+            scrape_observes,
         }
     }
 
@@ -223,6 +286,10 @@ impl Metrics {
 
     pub fn count_apply(&self, outcome: &str) {
         self.applies.get_or_create(&OutcomeLabels { outcome: outcome.to_owned() }).inc();
+    }
+
+    pub fn count_gate(&self, listener: ListenerKind, outcome: GateOutcome) {
+        self.gate.get_or_create(&GateLabels { listener, outcome }).inc();
     }
 
     /// The OpenMetrics text of everything.

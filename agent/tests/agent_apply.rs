@@ -8,7 +8,7 @@ use std::net::IpAddr;
 use std::process::Command;
 
 use agent_common::goodput::assert_shaped;
-use agent_common::{Agent, AgentOptions, Ns, TestCerts, http_get, ip, veth};
+use agent_common::{Agent, AgentOptions, Ns, TestCerts, ip, veth};
 use isthmus_agent_api::client::ClientError;
 use isthmus_agent_api::test_util::{destination, link, rate};
 use isthmus_agent_api::{ApplyReply, Impairment, NodePlan, PodErrorKind, PodOutcome, PodPlan, PodResult};
@@ -195,7 +195,7 @@ async fn agent_apply_change_gc_shutdown_adopt_and_cleanup() {
     let to_dst2 = p.destinations.iter().find(|d| d.destination == t.dst2_ip.into()).unwrap();
     assert!(to_dst2.counters.packets > 100 && to_dst2.counters.bytes > 100_000, "{to_dst2:?}");
     assert_eq!(to_dst2.link.as_ref().unwrap().name, "l1");
-    let (_, metrics) = http_get(agent.health, "/metrics").unwrap();
+    let metrics = certs.metrics(agent.api);
     let line = metrics
         .lines()
         .find(|l| {
@@ -280,9 +280,10 @@ async fn client_apply_with_fresh_agent(options: &AgentOptions<'_>, certs: &TestC
 }
 
 /// The value of one sample (`name{labels} value`) in the agent's /metrics text.
-fn metric(agent: &Agent, sample: &str) -> f64 {
-    let (_, text) = http_get(agent.health, "/metrics").unwrap();
-    text.lines()
+fn metric(certs: &TestCerts, agent: &Agent, sample: &str) -> f64 {
+    certs
+        .metrics(agent.api)
+        .lines()
         .find_map(|l| l.strip_prefix(sample).and_then(|rest| rest.strip_prefix(' ')))
         .map(|v| v.trim().parse().unwrap())
         .unwrap_or(0.0)
@@ -334,8 +335,8 @@ async fn agent_apply_reuses_the_pods_connection_follows_a_new_sandbox_and_resync
         version,
         pods: vec![pod("uid-r", "r", &[pod_ip], vec![(dst1, rate(20_000_000)), (dst2, rate(30_000_000))])],
     };
-    let opened = |agent: &Agent| metric(agent, "isthmus_agent_datapath_connections_opened_total");
-    let record_path = |agent: &Agent| metric(agent, "isthmus_agent_reconciles_total{path=\"record\"}");
+    let opened = |agent: &Agent| metric(&certs, agent, "isthmus_agent_datapath_connections_opened_total");
+    let record_path = |agent: &Agent| metric(&certs, agent, "isthmus_agent_reconciles_total{path=\"record\"}");
 
     // A fresh install, then the same plan: nothing sent, on the same connection. (A fresh install leaves no
     // record, since the kernel picked some filter handles, so the second call reads the tree back once.)
@@ -383,6 +384,6 @@ async fn agent_apply_reuses_the_pods_connection_follows_a_new_sandbox_and_resync
         assert!(std::time::Instant::now() < deadline, "the resync did not repair the tree: {}", agent.log_text());
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
-    assert!(metric(&agent, "isthmus_agent_resync_mutations_total") >= 1.0);
+    assert!(metric(&certs, &agent, "isthmus_agent_resync_mutations_total") >= 1.0);
     assert!(agent.log_text().contains("resync repaired a tree changed behind isthmus's back"));
 }

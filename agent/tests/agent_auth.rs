@@ -1,6 +1,6 @@
 //! Who may call the agent, with real TLS against the agent binary: the operator's certificate is accepted;
 //! no certificate, a certificate from another CA, and a valid certificate for another identity are refused;
-//! rotated certificates are used without a restart, on both sides.
+//! the scraper's certificate reads /metrics only; rotated certificates are used without a restart, on both sides.
 
 mod agent_common;
 
@@ -72,11 +72,11 @@ async fn agent_auth_only_the_operator_is_served() {
     assert!(!err.is_forbidden());
 
     // A valid certificate of the same CA for another ServiceAccount: 403.
-    let other_dir = work.path().join("other");
+    let other_dir = certs.dir.0.join("other");
     write_client(&other_dir, &certs.ca, &certs.ca, "default.isthmus-system.serviceaccount.isthmus");
     let err = certs.client_from(&other_dir).capabilities(agent.api).await.unwrap_err();
     assert!(err.is_forbidden(), "{err}");
-    assert!(err.to_string().contains("not for the operator"), "{err}");
+    assert!(err.to_string().contains("neither the operator's nor the scraper's"), "{err}");
     // The same for a plan: nothing is applied.
     let plan = isthmus_agent_api::NodePlan { node: "node-auth".into(), version: 1, pods: vec![] };
     assert!(certs.client_from(&other_dir).apply(agent.api, &plan).await.unwrap_err().is_forbidden());
@@ -88,11 +88,16 @@ async fn agent_auth_only_the_operator_is_served() {
     certs.ca.write(&server_as_client, &certs.ca, &certs.ca.issue(SERVER_NAME, true));
     assert!(certs.client_from(&server_as_client).capabilities(agent.api).await.is_err());
 
-    // Health and metrics are plain HTTP on their own port, and count the refusals.
-    assert_eq!(http_get(agent.health, "/healthz").unwrap().0, 200);
-    let (code, metrics) = http_get(agent.health, "/metrics").unwrap();
-    assert_eq!(code, 200);
-    assert!(metrics.contains("isthmus_agent_forbidden_requests_total 2"), "{metrics}");
+    // The scraper may read /metrics and nothing else.
+    let (code, body) = certs.get(agent.api, "scraper", "/v1/capabilities");
+    assert_eq!(code, 403, "{body}");
+    assert!(body.contains("Scraper may not call /v1/capabilities"), "{body}");
+    let (code, _) = certs.get(agent.api, "operator", "/metrics");
+    assert_eq!(code, 200, "the operator may read metrics too");
+    let (code, body) = certs.get(agent.api, "other", "/metrics");
+    assert_eq!(code, 403, "another identity of the same CA may not: {body}");
+    let metrics = certs.metrics(agent.api);
+    assert!(metrics.contains("isthmus_agent_forbidden_requests_total 4"), "{metrics}");
     let handshakes = metrics
         .lines()
         .find(|l| l.starts_with("isthmus_agent_tls_handshake_failures_total"))
@@ -100,6 +105,11 @@ async fn agent_auth_only_the_operator_is_served() {
         .and_then(|v| v.parse::<u64>().ok())
         .unwrap();
     assert!(handshakes >= 2, "{metrics}");
+
+    // The plain health port answers probes and nothing about tenants.
+    assert_eq!(http_get(agent.health, "/healthz").unwrap().0, 200);
+    assert_eq!(http_get(agent.health, "/readyz").unwrap().0, 200);
+    assert_eq!(http_get(agent.health, "/metrics").unwrap().0, 404, "no anonymous metrics");
 }
 
 /// Replaces a Secret-like directory the way kubelet does: new files in a fresh directory, then a symlink swap.

@@ -185,6 +185,8 @@ pub struct Pki {
 
 pub const OPERATOR: &str = "isthmus-operator.isthmus-system.serviceaccount.isthmus";
 pub const SERVER_NAME: &str = "isthmus-agent";
+/// The metrics scraper's identity the test agents are started with.
+pub const SCRAPER: &str = "isthmus-metrics-scraper.isthmus";
 
 impl Pki {
     pub fn new(name: &str) -> Self {
@@ -232,6 +234,7 @@ impl TestCerts {
         let ca = Pki::new("isthmus test CA");
         ca.write(&dir.0.join("agent"), &ca, &ca.issue(SERVER_NAME, true));
         ca.write(&dir.0.join("operator"), &ca, &ca.issue(OPERATOR, false));
+        ca.write(&dir.0.join("scraper"), &ca, &ca.issue(SCRAPER, false));
         TestCerts { dir, ca }
     }
 
@@ -251,28 +254,61 @@ impl TestCerts {
         self.client_from(&self.dir.0.join("operator"))
     }
 
-    /// `PUT /v1/plan` of any JSON, with the operator's certificate: for plans the typed client cannot send (an
-    /// invalid impairment cannot be built). Returns the HTTP status and the body.
-    pub async fn put_plan_json(&self, agent: SocketAddr, plan: &serde_json::Value) -> (u16, String) {
-        let files = TlsFiles::in_dir(self.dir.0.join("operator"));
+    /// A TLS client configuration presenting the certificate in `who` (`operator`, `scraper`, or any directory
+    /// written under the test directory).
+    pub fn tls_config(&self, who: &str) -> rustls::ClientConfig {
+        let files = TlsFiles::in_dir(self.dir.0.join(who));
         let material = files.read().unwrap();
-        let config = rustls::ClientConfig::builder_with_provider(crypto_provider())
+        rustls::ClientConfig::builder_with_provider(crypto_provider())
             .with_safe_default_protocol_versions()
             .unwrap()
             .with_root_certificates(material.root_store(&files).unwrap())
             .with_client_auth_cert(material.certificate_chain(&files).unwrap(), material.private_key(&files).unwrap())
-            .unwrap();
+            .unwrap()
+    }
+
+    /// `PUT /v1/plan` of any JSON, with the operator's certificate: for plans the typed client cannot send (an
+    /// invalid impairment cannot be built). Returns the HTTP status and the body.
+    pub async fn put_plan_json(&self, agent: SocketAddr, plan: &serde_json::Value) -> (u16, String) {
         let body = plan.to_string();
         let request = format!(
             "PUT /v1/plan HTTP/1.1\r\nHost: {SERVER_NAME}\r\nContent-Type: application/json\r\n\
              Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
             body.len()
         );
-        let response = tls_exchange(agent, config, request.as_bytes()).await.unwrap();
-        let code = response.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-        let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
-        (code, body)
+        let response = tls_exchange(agent, self.tls_config("operator"), request.as_bytes()).await.unwrap();
+        status_and_body(&response)
     }
+
+    /// `GET path` on the API port as `who`, from a plain thread (no runtime needed): status and body.
+    pub fn get(&self, agent: SocketAddr, who: &str, path: &str) -> (u16, String) {
+        let connection = rustls::ClientConnection::new(
+            std::sync::Arc::new(self.tls_config(who)),
+            ServerName::try_from(SERVER_NAME).unwrap(),
+        )
+        .unwrap();
+        let tcp = TcpStream::connect_timeout(&agent, Duration::from_secs(5)).unwrap();
+        tcp.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut tls = rustls::StreamOwned::new(connection, tcp);
+        write!(tls, "GET {path} HTTP/1.1\r\nHost: {SERVER_NAME}\r\nConnection: close\r\n\r\n").unwrap();
+        let mut response = Vec::new();
+        // A peer that closes without close_notify after a whole answer still answered.
+        let _ = tls.read_to_end(&mut response);
+        status_and_body(&String::from_utf8_lossy(&response))
+    }
+
+    /// The agent's /metrics text, read with the scraper's certificate.
+    pub fn metrics(&self, agent: SocketAddr) -> String {
+        let (code, body) = self.get(agent, "scraper", "/metrics");
+        assert_eq!(code, 200, "/metrics as the scraper: {body}");
+        body
+    }
+}
+
+fn status_and_body(response: &str) -> (u16, String) {
+    let code = response.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    (code, body)
 }
 
 /// One request over a new TLS connection to the agent's API; what the server answered (all of it, up to the
@@ -354,6 +390,8 @@ impl Agent {
             .arg(health.to_string())
             .arg("--tls-dir")
             .arg(options.tls_dir)
+            .arg("--scraper-identity")
+            .arg(SCRAPER)
             .arg("--tls-reload-seconds")
             .arg("1")
             .arg("--proc")
@@ -427,7 +465,7 @@ impl Drop for Agent {
     }
 }
 
-/// A plain HTTP GET (health port): (status code, body).
+/// A plain HTTP GET (health port): (status code, body); None when nothing answered.
 pub fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
     let mut conn = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
     conn.set_read_timeout(Some(Duration::from_secs(30))).ok()?;

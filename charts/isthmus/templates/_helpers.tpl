@@ -51,6 +51,15 @@ The operator's identity towards the agents: the DNS SAN of its client certificat
 {{- define "isthmus.secret.ca" -}}{{ include "isthmus.fullname" . }}-ca{{- end -}}
 {{- define "isthmus.secret.agent" -}}{{ include "isthmus.fullname" . }}-agent-tls{{- end -}}
 {{- define "isthmus.secret.operator" -}}{{ include "isthmus.fullname" . }}-operator-tls{{- end -}}
+{{- define "isthmus.secret.scraper" -}}{{ include "isthmus.fullname" . }}-metrics-scraper-tls{{- end -}}
+
+{{/*
+The identity that may read the agents' /metrics (on the API port, mutual TLS) and nothing else:
+<fullname>-metrics-scraper.<namespace>.isthmus.
+*/}}
+{{- define "isthmus.scraper.identity" -}}
+{{- printf "%s-metrics-scraper.%s.isthmus" (include "isthmus.fullname" .) .Release.Namespace -}}
+{{- end -}}
 
 {{- define "isthmus.operator.image" -}}
 {{- printf "%s:%s" .Values.operator.image.repository (default .Chart.AppVersion .Values.operator.image.tag) -}}
@@ -100,7 +109,8 @@ Rotation: delete the Secret(s) and run `helm upgrade`; agents and operator re-re
 {{- $out := dict "ca" $caOut -}}
 {{- $leaves := list
       (list "agent" (include "isthmus.secret.agent" .) .Values.tls.agentServerName)
-      (list "operator" (include "isthmus.secret.operator" .) (include "isthmus.operator.identity" .)) -}}
+      (list "operator" (include "isthmus.secret.operator" .) (include "isthmus.operator.identity" .))
+      (list "scraper" (include "isthmus.secret.scraper" .) (include "isthmus.scraper.identity" .)) -}}
 {{- range $leaves -}}
 {{- $role := index . 0 -}}
 {{- $identity := index . 2 -}}

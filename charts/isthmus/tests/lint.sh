@@ -122,13 +122,13 @@ secret() { kc -n isthmus-system get secret "$1" -o jsonpath="{.data.$2}"; }
 "$HELM" install isthmus "$CHART" --namespace isthmus-system --skip-crds >"$work/install.out" || fail "helm install"
 grep -q 'kubectl apply -f examples/three-regions.yaml' "$work/install.out" || { cat "$work/install.out"; fail "NOTES.txt not rendered"; }
 grep -q 'rollout status ds/isthmus-agent' "$work/install.out" || fail "NOTES.txt names the wrong DaemonSet"
-for s in ca agent-tls operator-tls; do secret "isthmus-$s" 'tls\.crt' >"$work/install-$s"; done
+for s in ca agent-tls operator-tls metrics-scraper-tls; do secret "isthmus-$s" 'tls\.crt' >"$work/install-$s"; done
 "$HELM" upgrade isthmus "$CHART" --namespace isthmus-system --skip-crds --set operator.replicas=2 >/dev/null || fail "helm upgrade"
-for s in ca agent-tls operator-tls; do
+for s in ca agent-tls operator-tls metrics-scraper-tls; do
   secret "isthmus-$s" 'tls\.crt' | cmp -s - "$work/install-$s" || fail "helm upgrade changed the certificate in isthmus-$s"
 done
 [ "$(kc -n isthmus-system get deploy isthmus-operator -o jsonpath='{.spec.replicas}')" = 2 ] || fail "upgrade did not apply replicas=2"
-step "helm install + helm upgrade: CA, agent and operator certificates unchanged"
+step "helm install + helm upgrade: CA, agent, operator and metrics scraper certificates unchanged"
 kc -n isthmus-system delete secret isthmus-operator-tls >/dev/null
 "$HELM" upgrade isthmus "$CHART" --namespace isthmus-system --skip-crds --reuse-values >/dev/null || fail "helm upgrade after deleting a Secret"
 secret isthmus-operator-tls 'tls\.crt' | cmp -s - "$work/install-operator-tls" && fail "deleted operator Secret was not re-issued"

@@ -3,7 +3,8 @@
 
 1. The Secrets' files in place: the operator's client certificate gets 200 from /v1/capabilities (and curl,
    playing the operator, verifies the agent's serving certificate for the configured server name); the agent's own
-   certificate is refused with 403 (right CA, wrong identity); no certificate fails the handshake.
+   certificate is refused with 403 (right CA, wrong identity); no certificate fails the handshake; the metrics
+   scraper's certificate reads /metrics and gets 403 from /v1/capabilities; the health port serves no /metrics.
 2. CA rotation the documented way (delete the CA Secret, helm upgrade): the new files are written over the old
    ones while the agent runs; within a few reload periods the new operator certificate is accepted and the old
    one refused, by the same agent process.
@@ -35,23 +36,27 @@ def main():
                 f.write(base64.b64decode(data[key]))
             os.replace(tmp, os.path.join(into, key))
 
-    agent_dir, op_dir, empty = (os.path.join(work, d) for d in ("agent-tls", "operator-tls", "empty-netns"))
+    agent_dir, op_dir, scraper_dir, empty = (
+        os.path.join(work, d) for d in ("agent-tls", "operator-tls", "scraper-tls", "empty-netns"))
     os.makedirs(empty, exist_ok=True)
     secret_files("isthmus-agent-tls", agent_dir)
     secret_files("isthmus-operator-tls", op_dir)
+    secret_files("isthmus-metrics-scraper-tls", scraper_dir)
     identity = f"isthmus-operator.{args.namespace}.serviceaccount.isthmus"
+    scraper = f"isthmus-metrics-scraper.{args.namespace}.isthmus"
     api, health = free_port(), free_port()
     log = open(os.path.join(work, "agent.log"), "wb")
     agent = subprocess.Popen(
         [args.agent, "serve", "--listen", f"127.0.0.1:{api}", "--health-listen", f"127.0.0.1:{health}",
          "--tls-dir", agent_dir, "--netns-dirs", empty, "--cgroup-filter", "/isthmus-chart-lint-no-such-cgroup/",
-         "--operator-identity", identity, "--tls-reload-seconds", "1", "--log-format", "text"],
+         "--operator-identity", identity, "--scraper-identity", scraper, "--tls-reload-seconds", "1",
+         "--log-format", "text"],
         env={**os.environ, "NODE_NAME": "chart-lint"}, stdout=log, stderr=log)
     try:
-        def call(client_dir, with_cert=True):
+        def call(client_dir, with_cert=True, path="/v1/capabilities"):
             cmd = ["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "5",
                    "--cacert", os.path.join(op_dir, "ca.crt"),
-                   "--resolve", f"{server_name}:{api}:127.0.0.1", f"https://{server_name}:{api}/v1/capabilities"]
+                   "--resolve", f"{server_name}:{api}:127.0.0.1", f"https://{server_name}:{api}{path}"]
             if with_cert:
                 cmd += ["--cert", os.path.join(client_dir, "tls.crt"), "--key", os.path.join(client_dir, "tls.key")]
             r = subprocess.run(cmd, capture_output=True, text=True)
@@ -69,7 +74,13 @@ def main():
 
         checks = [("operator certificate", call(op_dir), "200"),
                   ("agent certificate as client", call(agent_dir), "403"),
-                  ("no client certificate", call(op_dir, with_cert=False), "000")]
+                  ("no client certificate", call(op_dir, with_cert=False), "000"),
+                  ("scraper certificate, /metrics", call(scraper_dir, path="/metrics"), "200"),
+                  ("scraper certificate, /v1/capabilities", call(scraper_dir), "403"),
+                  ("agent certificate, /metrics", call(agent_dir, path="/metrics"), "403")]
+        plain = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "5",
+                                f"http://127.0.0.1:{health}/metrics"], capture_output=True, text=True)
+        checks.append(("health port, /metrics", plain.stdout.strip() or "000", "404"))
         for what, got, want in checks:
             print(f"tls-interop: {what}: HTTP {got} (want {want})")
             if got != want:
