@@ -146,3 +146,114 @@ fn agent_netns_host_network_pod_is_refused() {
         .unwrap();
     assert!(matches!(result, Err(ResolveError::HostNetwork(_))), "{result:?}");
 }
+
+/// A process inside `ns`, in a throwaway cgroup `<root>/pod<uid>` (as kubelet names a pod's cgroup), so that the
+/// namespace belongs to that pod; killed and its cgroups removed on drop.
+struct PodProcess {
+    child: std::process::Child,
+    dirs: Vec<PathBuf>,
+}
+
+impl PodProcess {
+    fn start(ns: &Ns, root: &str, uid: &str) -> Self {
+        // cgroup v2's single hierarchy, or v1's cpu one.
+        let hierarchy = if std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+            PathBuf::from("/sys/fs/cgroup")
+        } else {
+            PathBuf::from("/sys/fs/cgroup/cpu")
+        };
+        let base = hierarchy.join(root);
+        let dir = base.join(format!("pod{uid}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        // `ip netns exec` executes the command in its own process: the child's PID is the sleeper's.
+        let child =
+            Command::new("ip").args(["netns", "exec", &ns.name, "sleep", "120"]).stdout(Stdio::null()).spawn().unwrap();
+        let process = PodProcess { child, dirs: vec![dir.clone(), base] };
+        std::fs::write(dir.join("cgroup.procs"), process.child.id().to_string()).unwrap();
+        let ns_link = std::fs::read_link(format!("/run/netns/{}", ns.name)).ok();
+        for _ in 0..100 {
+            let inside = std::fs::metadata(format!("/proc/{}/ns/net", process.child.id()))
+                .is_ok_and(|m| std::os::unix::fs::MetadataExt::ino(&m) == ns.inode());
+            if inside {
+                return process;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        panic!("the sleeper never entered {} ({ns_link:?})", ns.name);
+    }
+}
+
+impl Drop for PodProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        for dir in &self.dirs {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
+const UID_A: &str = "0b4e5d2c-1111-4a5b-9c8d-0123456789ab";
+const UID_B: &str = "7f00aa11-2222-4b6c-8d9e-abcdefabcdef";
+
+#[test]
+fn agent_netns_a_reused_ip_never_gives_one_pod_another_pods_namespace() {
+    let k = octet();
+    let root = unique("isth-an-cg-");
+    let sources = Sources {
+        proc_root: PathBuf::from("/proc"),
+        netns_dirs: vec![PathBuf::from("/run/netns")],
+        // Only this test's processes count, as the agent's --cgroup-filter does for a node.
+        cgroup_filter: Some(format!("/{root}/")),
+    };
+    let mut resolver = Resolver::new(sources).unwrap();
+    let pod_ip = format!("10.237.{k}.2");
+    let peer_ip = addr(&format!("10.237.{k}.1"));
+
+    // Pod A's sandbox holds the IP, and A is found there.
+    let a_sandbox = Ns::new("isth-an-ra-");
+    let a_peer = Ns::new("isth-an-rap-");
+    veth(&a_sandbox, "eth0", addr(&pod_ip), &a_peer, "eth0", peer_ip);
+    let a_process = PodProcess::start(&a_sandbox, &root, UID_A);
+    let found = resolver.resolve(&[pod(UID_A, &[&pod_ip])]);
+    assert_eq!(found[UID_A].as_ref().expect("A in its own sandbox").id().inode, a_sandbox.inode());
+
+    // A is deleted; its IP goes to pod B's new sandbox before the operator's plan drops A.
+    drop(a_process);
+    drop((a_sandbox, a_peer));
+    let b_sandbox = Ns::new("isth-an-rb-");
+    let b_peer = Ns::new("isth-an-rbp-");
+    veth(&b_sandbox, "eth0", addr(&pod_ip), &b_peer, "eth0", peer_ip);
+    let _b_process = PodProcess::start(&b_sandbox, &root, UID_B);
+    let found = resolver.resolve(&[pod(UID_A, &[&pod_ip]), pod(UID_B, &[&pod_ip])]);
+    assert_eq!(found[UID_B].as_ref().expect("B in its own sandbox").id().inode, b_sandbox.inode());
+    match &found[UID_A] {
+        Err(ResolveError::OwnedByAnotherPod { owner, .. }) => assert_eq!(owner, UID_B),
+        other => panic!("A must not get B's namespace: {other:?}"),
+    }
+    // A alone in a plan (B not yet in it): still refused, by the processes' cgroups.
+    let found = resolver.resolve(&[pod(UID_A, &[&pod_ip])]);
+    assert!(matches!(found[UID_A], Err(ResolveError::OwnedByAnotherPod { .. })), "{:?}", found[UID_A]);
+    assert!(found[UID_A].as_ref().unwrap_err().to_string().contains(UID_B));
+}
+
+#[test]
+fn agent_netns_two_pods_in_one_namespace_that_nothing_names_are_both_refused() {
+    let k = octet();
+    let sandbox = Ns::new("isth-an-sh-");
+    let peer = Ns::new("isth-an-shp-");
+    let pod_ip = format!("10.238.{k}.2");
+    veth(&sandbox, "eth0", addr(&pod_ip), &peer, "eth0", addr(&format!("10.238.{k}.1")));
+    // A pinned namespace without processes: nothing says whose it is.
+    let mut resolver = Resolver::new(only_run_netns()).unwrap();
+    let found = resolver.resolve(&[pod(UID_A, &[&pod_ip]), pod(UID_B, &[&pod_ip])]);
+    for uid in [UID_A, UID_B] {
+        match &found[uid] {
+            Err(ResolveError::SharedByPods { uids, .. }) => assert_eq!(uids.len(), 2, "{uids:?}"),
+            other => panic!("{uid}: {other:?}"),
+        }
+    }
+    // Alone, the same pod is found as before.
+    let found = resolver.resolve(&[pod(UID_B, &[&pod_ip])]);
+    assert_eq!(found[UID_B].as_ref().unwrap().id().inode, sandbox.inode());
+}

@@ -24,6 +24,8 @@ pub enum FailureReason {
     AgentRefused,
     InvalidPlan,
     PodNotFound,
+    /// The pod's IPs are in another pod's network namespace (reused IPs): nothing is shaped.
+    NamespaceConflict,
     InterfaceNotFound,
     ForeignQdisc,
     KernelUnsupported,
@@ -33,13 +35,14 @@ pub enum FailureReason {
 
 impl FailureReason {
     /// Every reason, in declaration order (for reading one back from its text).
-    pub const ALL: [FailureReason; 11] = [
+    pub const ALL: [FailureReason; 12] = [
         FailureReason::HostNetwork,
         FailureReason::AgentUnavailable,
         FailureReason::AgentUnreachable,
         FailureReason::AgentRefused,
         FailureReason::InvalidPlan,
         FailureReason::PodNotFound,
+        FailureReason::NamespaceConflict,
         FailureReason::InterfaceNotFound,
         FailureReason::ForeignQdisc,
         FailureReason::KernelUnsupported,
@@ -55,6 +58,7 @@ impl FailureReason {
             FailureReason::AgentRefused => "AgentRefused",
             FailureReason::InvalidPlan => "InvalidPlan",
             FailureReason::PodNotFound => "PodNotFound",
+            FailureReason::NamespaceConflict => "NamespaceConflict",
             FailureReason::InterfaceNotFound => "InterfaceNotFound",
             FailureReason::ForeignQdisc => "ForeignQdisc",
             FailureReason::KernelUnsupported => "KernelUnsupported",
@@ -75,6 +79,7 @@ impl From<PodErrorKind> for FailureReason {
         match kind {
             PodErrorKind::InvalidPlan => FailureReason::InvalidPlan,
             PodErrorKind::PodNotFound => FailureReason::PodNotFound,
+            PodErrorKind::NamespaceConflict => FailureReason::NamespaceConflict,
             PodErrorKind::HostNetwork => FailureReason::HostNetwork,
             PodErrorKind::InterfaceNotFound => FailureReason::InterfaceNotFound,
             PodErrorKind::ForeignQdisc => FailureReason::ForeignQdisc,
@@ -153,6 +158,7 @@ mod tests {
             (FailureReason::AgentRefused, "AgentRefused"),
             (FailureReason::InvalidPlan, "InvalidPlan"),
             (FailureReason::PodNotFound, "PodNotFound"),
+            (FailureReason::NamespaceConflict, "NamespaceConflict"),
             (FailureReason::InterfaceNotFound, "InterfaceNotFound"),
             (FailureReason::ForeignQdisc, "ForeignQdisc"),
             (FailureReason::KernelUnsupported, "KernelUnsupported"),
@@ -172,6 +178,7 @@ mod tests {
         let kinds = [
             (PodErrorKind::InvalidPlan, "InvalidPlan"),
             (PodErrorKind::PodNotFound, "PodNotFound"),
+            (PodErrorKind::NamespaceConflict, "NamespaceConflict"),
             (PodErrorKind::HostNetwork, "HostNetwork"),
             (PodErrorKind::InterfaceNotFound, "InterfaceNotFound"),
             (PodErrorKind::ForeignQdisc, "ForeignQdisc"),

@@ -94,6 +94,9 @@ pub enum PodErrorKind {
     PodNotFound,
     /// The pod uses the host's network; isthmus never shapes it.
     HostNetwork,
+    /// The namespace holding the pod's IPs belongs to another pod (an IP reused), or several pods of the plan
+    /// resolve to it: isthmus shapes none of them rather than the wrong one.
+    NamespaceConflict,
     /// The interface named in the plan does not exist in the pod.
     InterfaceNotFound,
     /// A root qdisc that isthmus did not install is on the interface.

@@ -5,6 +5,7 @@
 //! (addresses, interfaces) is `inventory`.
 
 mod inventory;
+mod owner;
 mod resolve;
 
 use std::fs::File;

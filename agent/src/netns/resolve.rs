@@ -7,6 +7,8 @@
 //! inside the namespace over netlink (`RTM_GETADDR`). Processes whose cgroup path names the pod UID
 //! (`pod<uid>`, with `-` or `_`) are looked at first, which usually finds the pod with one dump.
 //!
+//! A namespace is never handed to a pod it does not belong to (an IP reused by another pod): see [`super::owner`].
+//!
 //! A found namespace is held by an open descriptor and cached by pod UID. On every apply the cache is checked
 //! again: the namespace must still be reachable through a path (a deleted pod's namespace can outlive it only
 //! because we hold it) and must still hold the IPs. A restarted sandbox (new namespace, maybe the same IP) is
@@ -19,6 +21,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::inventory::{Inventory, inventory_many, read_inventory};
+use super::owner::{Conflict, conflicts, pods_of};
 use super::{Netns, NetnsId};
 
 /// Where namespaces are looked for.
@@ -111,6 +114,16 @@ pub enum ResolveError {
     HostNetwork(Vec<IpAddr>),
     #[error("{count} network namespaces hold all of the pod's IPs {ips:?}; refusing to guess")]
     Ambiguous { ips: Vec<IpAddr>, count: usize },
+    #[error(
+        "the network namespace holding the pod's IPs {ips:?} belongs to pod {owner} (by its processes' cgroups): \
+         the IPs were reused; refusing to shape another pod"
+    )]
+    OwnedByAnotherPod { ips: Vec<IpAddr>, owner: String },
+    #[error(
+        "pods {uids:?} of the plan all resolve to the network namespace holding {ips:?} and nothing says whose it \
+         is (an IP reused while the plan still names its former pod); refusing all of them"
+    )]
+    SharedByPods { ips: Vec<IpAddr>, uids: Vec<String> },
 }
 
 /// Per pod UID, its namespace or why it has none.
@@ -157,16 +170,40 @@ impl Resolver {
         let wanted: HashSet<&str> = pods.iter().map(|p| p.uid.as_str()).collect();
         self.cache.retain(|uid, ns| search.live.contains_key(&ns.id()) && wanted.contains(uid.as_str()));
         let (mut results, unresolved) = self.verify_cached(pods, &mut search);
-        if unresolved.is_empty() {
-            return results;
+        let mut fresh = HashSet::new();
+        if !unresolved.is_empty() {
+            let candidates = self.cgroup_candidates(&search.live, &unresolved);
+            self.search(&unresolved, &candidates, &mut search);
+            for pod in unresolved {
+                let result = self.pick(pod, candidates.get(&pod.uid), &search);
+                fresh.insert(pod.uid.clone());
+                results.insert(pod.uid.clone(), result);
+            }
         }
-        let candidates = self.cgroup_candidates(&search.live, &unresolved);
-        self.search(&unresolved, &candidates, &mut search);
-        for pod in unresolved {
-            let result = self.pick(pod, candidates.get(&pod.uid), &search);
-            results.insert(pod.uid.clone(), result);
-        }
+        self.refuse_conflicts(pods, &mut results, &fresh, &search.live);
         results
+    }
+
+    /// Takes away from a pod a namespace that is not its own (see [`super::owner`]).
+    fn refuse_conflicts(
+        &mut self,
+        pods: &[PodIdentity],
+        results: &mut Resolved,
+        fresh: &HashSet<String>,
+        live: &HashMap<NetnsId, Reachable>,
+    ) {
+        let found: Vec<(String, NetnsId)> =
+            results.iter().filter_map(|(uid, r)| Some((uid.clone(), r.as_ref().ok()?.id()))).collect();
+        let owners = |id: NetnsId| live.get(&id).map(|r| pods_of(&self.sources.proc_root, &r.pids)).unwrap_or_default();
+        for (uid, conflict) in conflicts(&found, fresh, owners) {
+            self.cache.remove(&uid);
+            let ips = pods.iter().find(|p| p.uid == uid).map(|p| p.ips.clone()).unwrap_or_default();
+            let error = match conflict {
+                Conflict::OwnedBy(owner) => ResolveError::OwnedByAnotherPod { ips, owner },
+                Conflict::SharedBy(uids) => ResolveError::SharedByPods { ips, uids },
+            };
+            results.insert(uid, Err(error));
+        }
     }
 
     /// The pods whose cached namespace still holds their IPs, resolved; the others, still to find.

@@ -292,6 +292,7 @@ fn resolve_error_kind(error: &ResolveError) -> PodErrorKind {
     match error {
         ResolveError::HostNetwork(_) => PodErrorKind::HostNetwork,
         ResolveError::NoIps => PodErrorKind::InvalidPlan,
-        _ => PodErrorKind::PodNotFound,
+        ResolveError::OwnedByAnotherPod { .. } | ResolveError::SharedByPods { .. } => PodErrorKind::NamespaceConflict,
+        ResolveError::NotFound(_) | ResolveError::Ambiguous { .. } => PodErrorKind::PodNotFound,
     }
 }
