@@ -15,7 +15,7 @@
 #   7. the real operator binary, impersonating its ServiceAccount with the chart's environment, gets
 #      ready, takes its Lease, adds/removes its finalizer, writes status and a gated pod's readiness condition,
 #      with no forbidden request.
-# Environment: ISTHMUS_OPERATOR_BIN (default: a built isthmus-operator, else `cargo build -p isthmus-operator`), ISTHMUS_CRD (the generated CRD, default crds/networklink.yaml), ISTHMUS_CLUSTER_NAME (default chart-lint), ISTHMUS_AGENT_BIN (default: a built isthmus-agent),
+# Environment: ISTHMUS_OPERATOR_BIN (default: `cargo build -p isthmus-operator`, this tree's debug binary), ISTHMUS_CRD (the generated CRD, default crds/networklink.yaml), ISTHMUS_CLUSTER_NAME (default chart-lint), ISTHMUS_AGENT_BIN (default: this tree's debug binary, built),
 # CHART_LINT_SKIP_CLUSTER=1 to run only steps 1-3.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
@@ -97,7 +97,8 @@ refuse "netnsDirs" --set-json 'agent.netnsDirs=[]'
 refuse "apiPort" --set agent.apiPort=70000
 refuse "agentServerName" --set 'tls.agentServerName=*.isthmus'
 refuse "operator" --set operator.replicas=two
-step "values.schema.json refuses 10 bad values, naming the field"
+refuse "uninstall.timeoutSeconds (120) must be above operator.cleanupTimeoutSeconds (120)" --set uninstall.timeoutSeconds=120
+step "values.schema.json and the templates refuse 11 bad values, naming the field"
 
 [ "${CHART_LINT_SKIP_CLUSTER:-}" = 1 ] && { step "cluster checks skipped (CHART_LINT_SKIP_CLUSTER=1)"; exit 0; }
 
@@ -137,19 +138,16 @@ secret isthmus-ca 'tls\.crt' | cmp -s - "$work/install-ca" || fail "CA changed a
 step "rotation of one Secret: delete + helm upgrade re-issues it with the same CA, the rest unchanged"
 
 # ---- 4b. the uninstall hook: the operator binary with the rendered args, as the hook's ServiceAccount
-op_bin=${ISTHMUS_OPERATOR_BIN:-}
-if [ -z "$op_bin" ]; then
-  for c in "${CARGO_TARGET_DIR:-$ROOT/target}/debug/isthmus-operator" "${CARGO_TARGET_DIR:-$ROOT/target}/static/x86_64-unknown-linux-gnu/release/isthmus-operator"; do
-    [ -x "$c" ] && { op_bin=$c; break; }
-  done
-fi
-if [ -z "$op_bin" ]; then
-  (cd "$ROOT" && cargo build -p isthmus-operator --bin isthmus-operator) >"$work/operator-build.log" 2>&1 ||
-    { tail -20 "$work/operator-build.log"; fail "building isthmus-operator for the uninstall hook"; }
-  op_bin=${CARGO_TARGET_DIR:-$ROOT/target}/debug/isthmus-operator
-fi
+# This tree's binaries, built now (a no-op when fresh): a binary left by an earlier build of other sources would
+# test the chart against code that is not the chart's.
+build_bin() { # package (its debug binary lands in the target directory)
+  (cd "$ROOT" && cargo build -p "$1" --bin "$1") >"$work/build-$1.log" 2>&1 ||
+    { tail -20 "$work/build-$1.log"; fail "building $1"; }
+}
+[ -n "${ISTHMUS_OPERATOR_BIN:-}" ] || build_bin isthmus-operator
+op_bin=${ISTHMUS_OPERATOR_BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/debug/isthmus-operator}
 "$HELM" template isthmus "$CHART" --namespace isthmus-system --show-only templates/uninstall-hook.yaml \
-  --set uninstall.timeoutSeconds=10 >"$work/hook.yaml"
+  --set uninstall.timeoutSeconds=10 --set operator.cleanupTimeoutSeconds=5 >"$work/hook.yaml"
 python3 "$CHART/tests/hook_parts.py" "$work/hook.yaml" rbac "$work/hook-rbac.yaml"
 mapfile -t hook_args < <(python3 "$CHART/tests/hook_parts.py" "$work/hook.yaml" args 2>"$work/hook-sa")
 hook_as=system:serviceaccount:isthmus-system:$(cat "$work/hook-sa")
@@ -196,20 +194,11 @@ python3 "$CHART/tests/operator_rbac.py" --operator "$op_bin" --kubectl "$ROOT/e2
 step "the real operator ($op_bin) runs with exactly the chart's RBAC and environment"
 
 # ---- 5. the certificates with the real agent
-bin=${ISTHMUS_AGENT_BIN:-}
-if [ -z "$bin" ]; then
-  for c in "${CARGO_TARGET_DIR:-$ROOT/target}/static/x86_64-unknown-linux-gnu/release/isthmus-agent" "${CARGO_TARGET_DIR:-$ROOT/target}/debug/isthmus-agent" \
-           "$ROOT/target/static/x86_64-unknown-linux-gnu/release/isthmus-agent" "$ROOT/target/debug/isthmus-agent"; do
-    [ -x "$c" ] && { bin=$c; break; }
-  done
-fi
-if [ -z "$bin" ]; then
-  step "no isthmus-agent binary built: TLS interoperability not checked (set ISTHMUS_AGENT_BIN)"
-else
-  python3 "$CHART/tests/tls_interop.py" --agent "$bin" --kubectl "$ROOT/e2e/cluster/cluster kubectl" --namespace isthmus-system \
-    --helm "$HELM" --chart "$CHART" --work "$work" || fail "TLS interoperability with $bin"
-  step "certificates work with $bin, identity enforced, CA rotation picked up without a restart"
-fi
+[ -n "${ISTHMUS_AGENT_BIN:-}" ] || build_bin isthmus-agent
+bin=${ISTHMUS_AGENT_BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/debug/isthmus-agent}
+python3 "$CHART/tests/tls_interop.py" --agent "$bin" --kubectl "$ROOT/e2e/cluster/cluster kubectl" --namespace isthmus-system \
+  --helm "$HELM" --chart "$CHART" --work "$work" || fail "TLS interoperability with $bin"
+step "certificates work with $bin, identity enforced, CA rotation picked up without a restart"
 # Without nodes the pre-delete hook's Job could never run; its command was checked in 4b, the Job by the cluster e2e suite.
 "$HELM" uninstall isthmus --namespace isthmus-system --no-hooks >/dev/null || fail "helm uninstall"
 [ -z "$(kc -n isthmus-system get deploy,ds,secret,sa -l app.kubernetes.io/part-of=isthmus -o name)" ] || fail "objects left after helm uninstall"

@@ -33,7 +33,7 @@ impl From<ClientError> for CallError {
             ClientError::Http { .. } => CallErrorKind::Http,
             ClientError::Status { .. } if e.is_forbidden() => CallErrorKind::Forbidden,
             ClientError::Status { .. } => CallErrorKind::Status,
-            ClientError::Decode { .. } => CallErrorKind::Decode,
+            ClientError::Decode { .. } | ClientError::TooLarge { .. } => CallErrorKind::Decode,
         };
         CallError { kind, message: e.to_string() }
     }
