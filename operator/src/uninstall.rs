@@ -15,7 +15,7 @@ use kube::runtime::WatchStreamExt as _;
 use kube::runtime::watcher::{self, Event, watcher};
 use kube::{Client, ResourceExt as _};
 
-use crate::api::NetworkLink;
+use crate::api::StoredLink;
 
 /// Why the uninstall did not finish.
 #[derive(Debug, thiserror::Error)]
@@ -62,7 +62,7 @@ impl fmt::Display for Remaining<'_> {
 /// deadline; the timeout error names every link still present and the last API error.
 pub async fn delete_all_and_wait(client: Client, timeout: Duration) -> Result<usize, UninstallError> {
     let deadline = tokio::time::Instant::now() + timeout;
-    let links: Api<NetworkLink> = Api::all(client.clone());
+    let links: Api<StoredLink> = Api::all(client.clone());
     let mut stream = std::pin::pin!(watcher(links, watcher::Config::default()).default_backoff());
     // Links present now, by `namespace/name`, with their finalizers.
     let mut present: BTreeMap<String, Vec<String>> = BTreeMap::new();
@@ -117,7 +117,7 @@ pub async fn delete_all_and_wait(client: Client, timeout: Duration) -> Result<us
             continue;
         }
         let namespace = link.namespace().unwrap_or_default();
-        let api: Api<NetworkLink> = Api::namespaced(client.clone(), &namespace);
+        let api: Api<StoredLink> = Api::namespaced(client.clone(), &namespace);
         match api.delete(&link.name_any(), &DeleteParams::background()).await {
             Ok(_) => {
                 deleted += 1;
@@ -133,6 +133,6 @@ pub async fn delete_all_and_wait(client: Client, timeout: Duration) -> Result<us
     }
 }
 
-fn key(link: &NetworkLink) -> String {
+fn key(link: &StoredLink) -> String {
     format!("{}/{}", link.namespace().unwrap_or_default(), link.name_any())
 }

@@ -4,10 +4,12 @@ pub mod profile;
 pub mod quantity;
 pub mod resolve;
 pub mod spec;
+pub mod stored;
 
 pub use profile::Profile;
 pub use resolve::{ResolvedImpairments, SpecError, Summary};
 pub use spec::*;
+pub use stored::{StoredLink, Undecodable};
 
 /// The CRD to install. Doc comments are wrapped at 120 columns in the source; their single line breaks are
 /// joined here so that `kubectl explain` can wrap the text itself.

@@ -113,6 +113,7 @@ pub struct NetworkLinkSpec {
     /// When several NetworkLinks cover the same (source pod, destination) pair, the highest priority wins; on
     /// a tie the older link (creationTimestamp, then name) wins. Both report the overlap in their status.
     #[serde(default)]
+    #[schemars(range(min = -2147483648, max = 2147483647))]
     pub priority: i32,
 }
 
@@ -206,7 +207,7 @@ pub struct ImpairmentSpec {
     /// Packets queued per destination before tail drop. Derived from the bandwidth-delay product when absent,
     /// so high-rate, high-latency links are not silently capped by a short queue.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = 4294967295_u32))]
     pub queue_limit: Option<u32>,
 }
 
@@ -271,7 +272,7 @@ pub struct ReorderSpec {
     pub correlation: Option<PercentValue>,
     /// With a gap of N, only every Nth packet may be reordered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = 4294967295_u32))]
     pub gap: Option<u32>,
 }
 
@@ -312,18 +313,23 @@ pub struct NetworkLinkStatus {
     pub expected_round_trip: Option<String>,
     /// Running `from` pods (and `to` pods for the reverse direction) that this link shapes.
     #[serde(default)]
+    #[schemars(range(max = 4294967295_u32))]
     pub source_pods: u32,
     /// Distinct destination networks (pod IPs, Service ClusterIPs, CIDRs).
     #[serde(default)]
+    #[schemars(range(max = 4294967295_u32))]
     pub destinations: u32,
     /// (source pod, destination) pairs this link decides, after overlaps.
     #[serde(default)]
+    #[schemars(range(max = 4294967295_u32))]
     pub pairs: u32,
     /// Pairs the node agents confirmed.
     #[serde(default)]
+    #[schemars(range(max = 4294967295_u32))]
     pub pairs_applied: u32,
     /// Pairs the node agents could not apply.
     #[serde(default)]
+    #[schemars(range(max = 4294967295_u32))]
     pub pairs_failed: u32,
     /// Other NetworkLinks covering some of the same pairs, and who wins them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -333,6 +339,7 @@ pub struct NetworkLinkStatus {
     pub failures: Vec<PodFailure>,
     /// Failures beyond those listed.
     #[serde(default, skip_serializing_if = "is_zero")]
+    #[schemars(range(max = 4294967295_u32))]
     pub failures_omitted: u32,
 }
 
@@ -347,8 +354,10 @@ pub struct OverlapStatus {
     /// The other NetworkLink (same namespace).
     pub link: String,
     /// Shared pairs this link wins.
+    #[schemars(range(max = 4294967295_u32))]
     pub won: u32,
     /// Shared pairs the other link wins.
+    #[schemars(range(max = 4294967295_u32))]
     pub lost: u32,
 }
 

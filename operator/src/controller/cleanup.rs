@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use super::Controller;
 use super::finalizer::{Cleanup, FINALIZER, cleanup_state, finalizers_patch, plan_uses};
-use crate::api::NetworkLink;
+use crate::api::{NetworkLink, StoredLink};
 use crate::index::ObjectKey;
 
 /// A deleted link waiting for its nodes.
@@ -24,9 +24,13 @@ pub(super) struct PendingCleanup {
 impl Controller {
     /// First sight of a deletion: the nodes to wait for are those whose plan (desired, or last confirmed) uses
     /// the link, computed with the link still in. Then the link leaves the plan.
-    pub(super) fn begin_cleanup(&mut self, key: ObjectKey, link: &NetworkLink) {
-        self.planner.apply_link(link);
-        self.recompute();
+    pub(super) fn begin_cleanup(&mut self, key: ObjectKey, link: Option<&NetworkLink>) {
+        // An unreadable link is not in the plans: the nodes that applied its earlier version are found from their
+        // replies alone.
+        if let Some(link) = link {
+            self.planner.apply_link(link);
+            self.recompute();
+        }
         let mut affected: BTreeSet<String> =
             self.planner.node_plans().filter(|p| plan_uses(p, &key)).map(|p| p.node.clone()).collect();
         {
@@ -105,7 +109,7 @@ impl Controller {
         let ctx = self.ctx.clone();
         let busy = self.finalizer_busy.clone();
         tokio::spawn(async move {
-            let api: Api<NetworkLink> = Api::namespaced(ctx.client.clone(), &key.namespace);
+            let api: Api<StoredLink> = Api::namespaced(ctx.client.clone(), &key.namespace);
             match api.patch(&key.name, &PatchParams::default(), &Patch::Merge(&patch)).await {
                 Ok(_) => {
                     tracing::info!(link = %key, finalizers = %patch["metadata"]["finalizers"], "finalizers updated");

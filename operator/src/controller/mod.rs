@@ -77,6 +77,8 @@ struct Controller {
     agents: BTreeMap<ObjectKey, AgentPod>,
     nodes: BTreeSet<String>,
     links: BTreeMap<ObjectKey, LinkMeta>,
+    /// Stored links that cannot be read, with their generation and why (links.rs).
+    unreadable: BTreeMap<ObjectKey, (Option<i64>, crate::api::Undecodable)>,
     cleanups: BTreeMap<ObjectKey, PendingCleanup>,
     dispatchers: Dispatchers,
     reports: Reports,
@@ -156,6 +158,7 @@ impl Controller {
             agents: BTreeMap::new(),
             nodes: BTreeSet::new(),
             links: BTreeMap::new(),
+            unreadable: BTreeMap::new(),
             cleanups: BTreeMap::new(),
             dispatchers: Dispatchers::new(shared),
             reports,

@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 use super::Controller;
-use crate::api::NetworkLink;
+use crate::api::StoredLink;
 use crate::index::ObjectKey;
 
 /// The watched resources. The agents are pods too, but their own watch (selected by label, possibly in one
@@ -57,7 +57,7 @@ impl fmt::Display for WatchKind {
 /// One watch event, tagged with its kind.
 #[derive(Debug)]
 pub enum Update {
-    Link(Event<NetworkLink>),
+    Link(Event<StoredLink>),
     Pod(Event<Pod>),
     Namespace(Event<Namespace>),
     Service(Event<Service>),
@@ -126,8 +126,12 @@ pub(super) fn spawn<W: Watched>(
                         return;
                     }
                 }
-                // The stream retries with backoff on its own; the error is only worth a log line.
-                Err(e) => tracing::warn!(watch = %W::KIND, error = %e, "watch error; retrying"),
+                // The stream retries with backoff on its own; the error is only worth a log line, and only its
+                // start: a decode error's text can carry a whole list of every tenant's objects.
+                Err(e) => {
+                    let error: String = e.to_string().chars().take(300).collect();
+                    tracing::warn!(watch = %W::KIND, %error, "watch error; retrying")
+                }
             }
         }
     });

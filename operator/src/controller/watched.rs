@@ -11,7 +11,7 @@ use tokio::task::JoinSet;
 
 use super::Controller;
 use super::watch::{AgentSelector, Update, WatchKind, Watched, spawn};
-use crate::api::NetworkLink;
+use crate::api::StoredLink;
 use crate::index::ObjectKey;
 
 struct Links;
@@ -53,12 +53,12 @@ impl Controller {
 
 impl Watched for Links {
     const KIND: WatchKind = WatchKind::Link;
-    type Object = NetworkLink;
+    type Object = StoredLink;
 
-    fn update(event: Event<NetworkLink>) -> Update {
+    fn update(event: Event<StoredLink>) -> Update {
         Update::Link(event)
     }
-    fn upsert(c: &mut Controller, object: NetworkLink) {
+    fn upsert(c: &mut Controller, object: StoredLink) {
         c.upsert_link(Self::key(&object), object)
     }
     fn delete(c: &mut Controller, key: &ObjectKey) {

@@ -36,6 +36,30 @@ pub struct LinkFacts {
     pub exclusions: Vec<Exclusion>,
 }
 
+impl LinkFacts {
+    /// The facts of a stored link the operator cannot read: nothing is planned for it, and its status says
+    /// which field.
+    pub fn unreadable(generation: Option<i64>, field: &str, reason: &str) -> Self {
+        LinkFacts {
+            generation,
+            from_summary: String::new(),
+            to_summary: String::new(),
+            error: Some(SpecError {
+                field: field.to_owned(),
+                message: format!(
+                    "{reason}; the operator cannot read this link and applies nothing for it until it is fixed"
+                ),
+            }),
+            summary: None,
+            source_pods: 0,
+            destinations: 0,
+            pairs: 0,
+            overlaps: Vec::new(),
+            exclusions: Vec::new(),
+        }
+    }
+}
+
 impl Planner {
     /// The status facts of a link; `None` for an unknown link.
     pub fn link_facts(&self, key: &ObjectKey) -> Option<LinkFacts> {

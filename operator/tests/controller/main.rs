@@ -2,13 +2,14 @@
 //! carry `observedGeneration` and the conditions, leadership hands over between two controllers, and the
 //! readiness gate's condition lands on pods (`gate.rs`).
 //!
-//! Runs only when `ISTHMUS_TEST_KUBECONFIG` names a control plane's kubeconfig (`make operator-it` starts one);
-//! without it each test says so and passes. The control plane has no nodes and no kubelet: agents are either
+//! Needs `ISTHMUS_TEST_KUBECONFIG` naming a control plane's kubeconfig: the tests are ignored in a plain
+//! `cargo test`, and `make operator-it` starts one and runs them. The control plane has no nodes and no kubelet: agents are either
 //! absent or one real `isthmus-agent` process on 127.0.0.1. Pods are made "running" by patching their status.
 //! The same controller paths in memory, with an in-memory agent and API server: tests/scenarios/.
 
 mod cluster;
 mod gate;
+mod unreadable;
 
 use std::time::Duration;
 

@@ -13,10 +13,11 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use super::{DEGRADED, OVERLAPPING, READY, link_status, progress, transitions};
-use crate::api::{NetworkLink, NetworkLinkStatus};
+use crate::api::{NetworkLinkStatus, StoredLink};
 use crate::controller::writes::{self, write_while_leading};
 use crate::controller::{Context, Controller};
 use crate::index::ObjectKey;
+use crate::plan::LinkFacts;
 
 /// A status to write.
 #[derive(Debug, Clone)]
@@ -77,7 +78,13 @@ impl Controller {
             if meta.deleting {
                 continue;
             }
-            let Some(facts) = self.planner.link_facts(&key) else { continue };
+            let facts = match self.unreadable.get(&key) {
+                Some((generation, why)) => LinkFacts::unreadable(*generation, &why.path, &why.reason),
+                None => match self.planner.link_facts(&key) {
+                    Some(facts) => facts,
+                    None => continue,
+                },
+            };
             let new = link_status(&facts, progress.get(&key), meta.status.as_ref(), &now);
             if Some(&new) == meta.status.as_ref() || self.status.queued.get(&key) == Some(&new) {
                 continue;
@@ -100,7 +107,7 @@ async fn write_statuses(ctx: Arc<Context>, jobs: Jobs, notify: Arc<Notify>) {
 
 /// One status; the job back when it should be retried.
 async fn write_status(ctx: &Context, params: &PatchParams, key: ObjectKey, job: StatusJob) -> Result<(), StatusJob> {
-    let api: Api<NetworkLink> = Api::namespaced(ctx.client.clone(), &key.namespace);
+    let api: Api<StoredLink> = Api::namespaced(ctx.client.clone(), &key.namespace);
     let body = serde_json::json!({
         "apiVersion": "isthmus.dev/v1alpha1",
         "kind": "NetworkLink",
