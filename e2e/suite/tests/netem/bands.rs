@@ -35,8 +35,13 @@ impl Baseline {
     /// the effect from its absence. A noisy moment passes; a machine busy throughout fails here, saying so, instead
     /// of passing on a band that proves nothing.
     pub fn measure_quiet(ns: &TestNamespace, from: &str, to_ip: &str, effect_ms: f64) -> Baseline {
+        Self::quiet_for(effect_ms, || Self::measure(ns, from, to_ip))
+    }
+
+    /// [`Self::measure_quiet`] for a baseline taken another way (e.g. under load).
+    pub fn quiet_for(effect_ms: f64, mut measure: impl FnMut() -> Baseline) -> Baseline {
         for attempt in 1..=3 {
-            let b = Self::measure(ns, from, to_ip);
+            let b = measure();
             if b.p90 - b.p10 <= effect_ms / 2.0 || attempt == 3 {
                 b.assert_quiet_for(effect_ms);
                 return b;

@@ -58,9 +58,9 @@ pub fn no_head_of_line_blocking(f: &Fixture) {
             r
         })
     };
-    let base = Baseline::of(&loaded(f));
-    // What this test must tell apart is 1 ms from the ~150 ms a blocked destination would see.
-    base.assert_quiet_for(100.0);
+    // What this test must tell apart is 1 ms from the ~150 ms p90 a blocked destination would see. The bulk
+    // flow saturates the guest's one CPU, which spreads the loaded round trip more at some moments than others.
+    let base = Baseline::quiet_for(150.0, || Baseline::of(&loaded(f)));
     let far = f.one_way("far", "client", "server", "{latency: 200ms}");
     let near = f.one_way("near", "client", "near", "{latency: 1ms}");
     let r = loaded(f);
