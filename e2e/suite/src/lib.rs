@@ -121,6 +121,19 @@ impl TestNamespace {
         self.apply(&probe_deployment_manifest(name, node, None));
     }
 
+    /// Deletes Deployments (labelled `app=<name>`, as this crate makes them) and waits until their pods are gone:
+    /// pods stopping on an emulated node load it for seconds, which spreads the round trips the next
+    /// measurement takes.
+    pub fn delete_deployments(&self, names: &[&str]) {
+        let mut args = vec!["delete", "deployment", "--wait=true"];
+        args.extend(names);
+        self.kubectl(&args);
+        let selector = format!("app in ({})", names.join(","));
+        wait_for(&format!("the pods of {names:?} gone from {}", self.name), Duration::from_secs(120), || {
+            self.json(&["get", "pods", "-l", &selector])["items"].as_array().is_some_and(Vec::is_empty).then_some(())
+        });
+    }
+
     /// The one Ready, not terminating pod labelled `app=<app>`: (name, IP, node).
     pub fn ready_pod(&self, app: &str) -> Option<(String, String, String)> {
         let pods = self.json(&["get", "pods", "-l", &format!("app={app}")]);

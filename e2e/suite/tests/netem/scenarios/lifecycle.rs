@@ -134,7 +134,7 @@ pub fn rescheduling(f: &Fixture) {
     assert_impaired_from("moved pod", &samples, i, 40.0);
     assert_isthmus_qdisc(&node, &moved_ip);
     drop(link);
-    f.ns.kubectl(&["delete", "deployment", "mover", "--wait=false"]);
+    f.ns.delete_deployments(&["mover"]);
 }
 
 /// An edit (20 ms → 60 ms) while a prober runs: the round trips switch to 60 ms no later than a second after the

@@ -40,7 +40,7 @@ pub fn long_fat_network(f: &Fixture) {
     let got = assert_rate("long fat network, 100Mbit + 50ms", 100e6, || f.ns.throughput_bps(&client, &server_ip, 8.0));
     println!("long fat network: {}", mbit(got));
     drop(link);
-    f.ns.kubectl(&["delete", "deployment", "lfn-client", "lfn-server", "--wait=false"]);
+    f.ns.delete_deployments(&["lfn-client", "lfn-server"]);
 }
 
 /// The client keeps a 200 ms destination busy with TCP bulk while probing a 1 ms one: the 1 ms destination's
