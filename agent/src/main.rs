@@ -13,6 +13,8 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use isthmus_agent::auth::{Callers, DEFAULT_OPERATOR_IDENTITY, Identity, ReloadingTls};
+use isthmus_agent::datapath::QueueBudget;
+use isthmus_agent::datapath::queue::{DEFAULT_BYTES_PER_DESTINATION, DEFAULT_BYTES_PER_POD};
 use isthmus_agent::metrics::Metrics;
 use isthmus_agent::netns::Sources;
 use isthmus_agent::node::{self, Node, NodeConfig};
@@ -103,6 +105,14 @@ struct ServeArgs {
     /// How long in-flight requests may take after SIGTERM, in seconds.
     #[arg(long, env = "ISTHMUS_SHUTDOWN_GRACE_SECONDS", default_value_t = 20)]
     shutdown_grace_seconds: u64,
+    /// Bytes one destination's queue may hold (netem's packet limit is this over 1,514-byte frames); a
+    /// `queueLimit` beyond it is cut and reported.
+    #[arg(long, env = "ISTHMUS_QUEUE_BYTES_PER_DESTINATION", default_value_t = DEFAULT_BYTES_PER_DESTINATION)]
+    queue_bytes_per_destination: u64,
+    /// Bytes the queues of one pod's interface may hold together, split evenly over its destinations (at least
+    /// 4,095 frames, one per destination an interface may have).
+    #[arg(long, env = "ISTHMUS_QUEUE_BYTES_PER_POD", default_value_t = DEFAULT_BYTES_PER_POD)]
+    queue_bytes_per_pod: u64,
 }
 
 fn init_logging(format: LogFormat) {
@@ -158,6 +168,8 @@ async fn serve(args: ServeArgs, common: CommonArgs) -> anyhow::Result<()> {
             name => Some(Identity::new(name).context("--scraper-identity")?),
         },
     };
+    let queue_budget = QueueBudget::new(args.queue_bytes_per_destination, args.queue_bytes_per_pod)
+        .context("--queue-bytes-per-destination / --queue-bytes-per-pod")?;
     let tls = Arc::new(ReloadingTls::load(TlsFiles::in_dir(&args.tls_dir)).context("loading the TLS files")?);
     let metrics = Arc::new(Metrics::new());
 
@@ -181,7 +193,12 @@ async fn serve(args: ServeArgs, common: CommonArgs) -> anyhow::Result<()> {
     };
 
     let node = Node::start(
-        NodeConfig { name: node_name.clone(), sources: sources(&common), parallelism: common.parallelism },
+        NodeConfig {
+            name: node_name.clone(),
+            sources: sources(&common),
+            parallelism: common.parallelism,
+            queue_budget,
+        },
         metrics.clone(),
     )
     .await
@@ -196,7 +213,16 @@ async fn serve(args: ServeArgs, common: CommonArgs) -> anyhow::Result<()> {
     let scraper = callers.scraper.as_ref().map(Identity::name);
     let listener = TlsListener::new(tcp, tls, callers, metrics.clone(), Limits::API)?;
     health.set_ready();
-    tracing::info!(node = %node_name, api = %args.listen, health = %args.health_listen, %operator, ?scraper, "serving");
+    tracing::info!(
+        node = %node_name,
+        api = %args.listen,
+        health = %args.health_listen,
+        %operator,
+        ?scraper,
+        queue_bytes_per_destination = queue_budget.per_destination(),
+        queue_bytes_per_pod = queue_budget.per_pod(),
+        "serving"
+    );
 
     let mut stop = stop_rx.clone();
     let api = tokio::spawn(server::serve_api(listener, node, metrics, async move {

@@ -164,6 +164,7 @@ pub struct Metrics {
     pub datapath_connections_opened: Counter,
     pub resync_mutations: Counter,
     pub pods_in_plan: Gauge,
+    pub queue_limits_capped: Gauge,
     pub trees_removed: Counter,
     pub tls_handshake_failures: Counter,
     pub forbidden_requests: Counter,
@@ -223,6 +224,12 @@ impl Metrics {
         );
         let pods_in_plan = Gauge::default();
         registry.register("isthmus_agent_pods_in_plan", "Pods in the node plan in force", pods_in_plan.clone());
+        let queue_limits_capped = Gauge::default();
+        registry.register(
+            "isthmus_agent_queue_limits_capped",
+            "Destinations of the plan in force whose queueLimit the queue budgets cut",
+            queue_limits_capped.clone(),
+        );
         let trees_removed = Counter::default();
         registry.register(
             "isthmus_agent_trees_removed",
@@ -264,6 +271,7 @@ impl Metrics {
             datapath_connections_opened,
             resync_mutations,
             pods_in_plan,
+            queue_limits_capped,
             trees_removed,
             tls_handshake_failures,
             forbidden_requests,

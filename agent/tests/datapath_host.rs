@@ -8,7 +8,7 @@ mod support;
 use std::net::IpAddr;
 
 use ipnet::IpNet;
-use isthmus_agent::datapath::{DatapathError, DesiredState};
+use isthmus_agent::datapath::{DatapathError, DesiredState, QueueBudget};
 use isthmus_agent_api::test_util::rate;
 use isthmus_agent_api::{Impairment, PodErrorKind};
 use support::goodput::TCP_PAYLOAD_SHARE;
@@ -79,7 +79,7 @@ async fn reconcile_is_idempotent_changes_in_place_removes_and_restores_the_inter
     let again = datapath.reconcile("va", &a).await.unwrap();
     assert_eq!(again.mutations, 0, "same desired state twice must send nothing: {again:?}");
 
-    let installed = datapath.installed("va").await.unwrap().expect("isthmus tree");
+    let installed = datapath.installed("va", QueueBudget::DEFAULT).await.unwrap().expect("isthmus tree");
     assert_eq!(installed, a, "the installed tree reads back as the desired state");
 
     let faster = DesiredState::new(
@@ -113,7 +113,7 @@ async fn reconcile_is_idempotent_changes_in_place_removes_and_restores_the_inter
     let after = (tc(&pair.a, &["qdisc", "show", "dev", "va"]), tc(&pair.a, &["class", "show", "dev", "va"]));
     assert_eq!(after, before, "the interface is as it was");
     assert!(tc(&pair.a, &["filter", "show", "dev", "va"]).trim().is_empty());
-    assert_eq!(datapath.installed("va").await.unwrap(), None);
+    assert_eq!(datapath.installed("va", QueueBudget::DEFAULT).await.unwrap(), None);
     assert_eq!(datapath.observe("va").await.unwrap(), None);
     assert_eq!(datapath.reconcile("va", &DesiredState::empty()).await.unwrap().mutations, 0);
 }
@@ -362,16 +362,20 @@ async fn update_follows_the_record_reconcile_repairs_drift_and_a_refused_update_
     assert_eq!((reshape.added, reshape.deleted), (3, 2), "class, TBF, entry in; entry, class out: {reshape:?}");
     let moved = with(&reshaped, "10.99.0.0/16", None);
     assert_eq!(datapath.update("va", &moved).await.unwrap().deleted, 2);
-    assert_eq!(datapath.installed("va").await.unwrap(), Some(moved.clone()), "the dump reads back as the tree");
+    assert_eq!(
+        datapath.installed("va", QueueBudget::DEFAULT).await.unwrap(),
+        Some(moved.clone()),
+        "the dump reads back as the tree"
+    );
     assert_eq!(datapath.reconcile("va", &moved).await.unwrap().mutations, 0, "the dump equals the tree exactly");
 
     // Drift an update does not touch goes unnoticed (documented); reconcile repairs it.
     remove_destination_externally(&pair.a, "0a4d0003");
     assert_eq!(datapath.update("va", &moved).await.unwrap().mutations, 0, "update trusts its record");
-    assert_ne!(datapath.installed("va").await.unwrap(), Some(moved.clone()));
+    assert_ne!(datapath.installed("va", QueueBudget::DEFAULT).await.unwrap(), Some(moved.clone()));
     let repair = datapath.reconcile("va", &moved).await.unwrap();
     assert_eq!((repair.added, repair.mutations), (3, 3), "class, TBF and entry again: {repair:?}");
-    assert_eq!(datapath.installed("va").await.unwrap(), Some(moved.clone()));
+    assert_eq!(datapath.installed("va", QueueBudget::DEFAULT).await.unwrap(), Some(moved.clone()));
 
     // An update that touches the removed object is refused by the kernel, falls back to the full path and
     // succeeds; the record it leaves is right again.
@@ -379,7 +383,7 @@ async fn update_follows_the_record_reconcile_repairs_drift_and_a_refused_update_
     let touched = with(&moved, "10.77.0.3/32", Some(rate(50_000_000)));
     let fallback = datapath.update("va", &touched).await.unwrap();
     assert_eq!((fallback.added, fallback.mutations), (3, 3), "the full path re-added it: {fallback:?}");
-    assert_eq!(datapath.installed("va").await.unwrap(), Some(touched.clone()));
+    assert_eq!(datapath.installed("va", QueueBudget::DEFAULT).await.unwrap(), Some(touched.clone()));
     assert!(tc(&pair.a, &["qdisc", "show", "dev", "va"]).contains("rate 50Mbit"));
     assert_eq!(datapath.update("va", &touched).await.unwrap().mutations, 0);
     assert_eq!(datapath.reconcile("va", &touched).await.unwrap().mutations, 0);
@@ -387,7 +391,7 @@ async fn update_follows_the_record_reconcile_repairs_drift_and_a_refused_update_
     let cleared = datapath.update("va", &DesiredState::empty()).await.unwrap();
     assert_eq!(cleared.mutations, 1, "the root takes everything below it");
     assert!(tc(&pair.a, &["class", "show", "dev", "va"]).trim().is_empty());
-    assert_eq!(datapath.installed("va").await.unwrap(), None);
+    assert_eq!(datapath.installed("va", QueueBudget::DEFAULT).await.unwrap(), None);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -404,7 +408,7 @@ async fn a_replaced_interface_drops_the_record() {
     support::run(&["ip", "-n", &pair.a, "link", "add", "va", "type", "veth", "peer", "name", "vb", "netns", &pair.b]);
     let again = datapath.update("va", &desired).await.unwrap();
     assert_eq!(again.added, install.added, "the record of the old interface must not be trusted: {again:?}");
-    assert_eq!(datapath.installed("va").await.unwrap(), Some(desired));
+    assert_eq!(datapath.installed("va", QueueBudget::DEFAULT).await.unwrap(), Some(desired));
 }
 
 /// A released connection closes its sockets and keeps the record: the next `update` opens them again in the same

@@ -162,6 +162,10 @@ mod opt_nanos {
 
 /// netem keeps delays as signed 64-bit nanoseconds; beyond this a value cannot be represented.
 pub const MAX_DELAY: Duration = Duration::from_secs(3600);
+/// The longest queue anyone may ask for: 1,000,000 packets, 1.5 GB of full frames — far beyond any link worth
+/// emulating (10 Gbit/s for 1.2 s), yet a number the node's kernel can hold. The agent's queue budgets cut
+/// further (16 MiB per destination by default).
+pub const MAX_QUEUE_LIMIT_PACKETS: u32 = 1_000_000;
 
 /// What happens to packets of one direction of a link: [`ImpairmentFields`] that passed the checks. Read it
 /// through [`Impairment::fields`]; `Impairment::default()` passes traffic unchanged.
@@ -246,8 +250,15 @@ impl ImpairmentFields {
                 ));
             }
         }
-        if self.queue_limit_packets == Some(0) {
-            return Err(ImpairmentError::new("queueLimit", "0 packets would drop everything"));
+        match self.queue_limit_packets {
+            Some(0) => return Err(ImpairmentError::new("queueLimit", "0 packets would drop everything")),
+            Some(q) if q > MAX_QUEUE_LIMIT_PACKETS => {
+                return Err(ImpairmentError::new(
+                    "queueLimit",
+                    format!("{q} packets is more than the maximum of {MAX_QUEUE_LIMIT_PACKETS}"),
+                ));
+            }
+            _ => {}
         }
         Ok(())
     }
@@ -299,6 +310,12 @@ mod tests {
         assert_eq!(check(gap_alone).unwrap_err().field, "reorder.gap");
         let queue = ImpairmentFields { queue_limit_packets: Some(0), ..Default::default() };
         assert_eq!(check(queue).unwrap_err().field, "queueLimit");
+        let at_max = ImpairmentFields { queue_limit_packets: Some(MAX_QUEUE_LIMIT_PACKETS), ..Default::default() };
+        assert!(check(at_max).is_ok());
+        let beyond = ImpairmentFields { queue_limit_packets: Some(MAX_QUEUE_LIMIT_PACKETS + 1), ..Default::default() };
+        let error = check(beyond).unwrap_err();
+        assert_eq!(error.field, "queueLimit");
+        assert!(error.to_string().contains("maximum of 1000000"), "{error}");
     }
 
     #[test]

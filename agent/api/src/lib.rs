@@ -12,5 +12,7 @@ pub mod test_util;
 #[cfg(feature = "tls")]
 pub mod tls;
 
-pub use impairment::{Correlated, Impairment, ImpairmentError, ImpairmentFields, Loss, Percent, Reorder};
+pub use impairment::{
+    Correlated, Impairment, ImpairmentError, ImpairmentFields, Loss, MAX_QUEUE_LIMIT_PACKETS, Percent, Reorder,
+};
 pub use plan::*;

@@ -126,6 +126,20 @@ pub struct PodResult {
     /// Netlink changes this apply sent for the pod (0 when the kernel already matched the plan).
     #[serde(default)]
     pub mutations: u64,
+    /// Destinations whose `queueLimit` the agent's queue budget cut (installed with a shorter queue).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub queue_caps: Vec<QueueCap>,
+}
+
+/// A destination installed with a shorter queue than its `queueLimit` asked for: the agent holds every queue to
+/// its byte budgets (per destination, and per pod shared by the pod's destinations).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueCap {
+    pub destination: IpNet,
+    pub link: LinkRef,
+    pub requested_packets: u32,
+    pub installed_packets: u32,
 }
 
 /// The reply to a plan.
@@ -241,9 +255,25 @@ mod tests {
             name: "p".into(),
             outcome: PodOutcome::Failed(PodError { kind: PodErrorKind::HostNetwork, message: "m".into() }),
             mutations: 0,
+            queue_caps: Vec::new(),
         };
         let json = serde_json::to_value(&result).unwrap();
         assert_eq!(json["outcome"]["state"], "failed");
         assert_eq!(json["outcome"]["kind"], "HostNetwork");
+        assert!(json.get("queueCaps").is_none(), "no caps, no field");
+    }
+
+    #[test]
+    fn a_queue_cap_names_destination_link_and_both_limits() {
+        let cap = QueueCap {
+            destination: "10.0.0.2/32".parse().unwrap(),
+            link: LinkRef { namespace: "n".into(), name: "l".into(), direction: Direction::Forward },
+            requested_packets: 1_000_000,
+            installed_packets: 11_081,
+        };
+        let json = serde_json::to_value(&cap).unwrap();
+        assert_eq!(json["requestedPackets"], 1_000_000);
+        assert_eq!(json["installedPackets"], 11_081);
+        assert_eq!(serde_json::from_value::<QueueCap>(json).unwrap(), cap);
     }
 }

@@ -400,6 +400,6 @@ mod tests {
         send(datapath.reconcile("eth0", desired));
         send(datapath.update("eth0", desired));
         send(datapath.observe("eth0"));
-        send(datapath.installed("eth0"));
+        send(datapath.installed("eth0", crate::datapath::QueueBudget::DEFAULT));
     }
 }

@@ -1,5 +1,6 @@
 //! The desired state of one interface: destinations (host addresses or CIDRs, IPv4 and IPv6) → impairment,
-//! checked against what the datapath can install (one slot per destination, the kernel's field widths).
+//! checked against what the datapath can install (one slot per destination, the kernel's field widths), with the
+//! bound its queues are held to.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -9,21 +10,38 @@ use isthmus_agent_api::{Impairment, ImpairmentFields};
 
 use super::error::DatapathError;
 use super::handles::MAX_DESTINATIONS;
+use super::queue::{QueueBound, QueueBudget};
 use super::units::{burst_bytes, tbf_buffer_ticks};
 
 /// Desired state for one interface: destinations (host addresses or CIDRs, IPv4 and IPv6) → impairment, sorted
 /// by destination. Impairments are shared (`Arc`): a node's plan holds many destinations with the same one.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct DesiredState {
     destinations: Vec<(IpNet, Arc<Impairment>)>,
+    /// What each destination's queues may hold: the budget's bound for this many destinations.
+    queue_bound: QueueBound,
+}
+
+impl Default for DesiredState {
+    fn default() -> Self {
+        Self { destinations: Vec::new(), queue_bound: QueueBudget::DEFAULT.bound(0) }
+    }
 }
 
 impl DesiredState {
-    /// Rejects duplicate destinations (after masking host bits), impairments beyond the kernel's fields and more
-    /// destinations than the handle space allows; errors name the destination and field. The impairments
-    /// themselves are valid by their type.
+    /// [`Self::with_budget`] with the default [`QueueBudget`].
     pub fn new<I: Into<Arc<Impairment>>>(
         destinations: impl IntoIterator<Item = (IpNet, I)>,
+    ) -> Result<Self, DatapathError> {
+        Self::with_budget(destinations, QueueBudget::DEFAULT)
+    }
+
+    /// Rejects duplicate destinations (after masking host bits), impairments beyond the kernel's fields and more
+    /// destinations than the handle space allows; errors name the destination and field. The impairments
+    /// themselves are valid by their type. Queues are held to `budget`'s bound for this many destinations.
+    pub fn with_budget<I: Into<Arc<Impairment>>>(
+        destinations: impl IntoIterator<Item = (IpNet, I)>,
+        budget: QueueBudget,
     ) -> Result<Self, DatapathError> {
         let mut map = BTreeMap::new();
         for (dst, impairment) in destinations {
@@ -45,7 +63,8 @@ impl DesiredState {
                 ));
             }
         }
-        Ok(DesiredState { destinations: map.into_iter().collect() })
+        let queue_bound = budget.bound(map.len());
+        Ok(DesiredState { destinations: map.into_iter().collect(), queue_bound })
     }
 
     pub fn empty() -> Self {
@@ -62,6 +81,11 @@ impl DesiredState {
 
     pub fn destinations(&self) -> impl Iterator<Item = (&IpNet, &Impairment)> {
         self.destinations.iter().map(|(destination, impairment)| (destination, impairment.as_ref()))
+    }
+
+    /// What each destination's queues may hold.
+    pub fn queue_bound(&self) -> QueueBound {
+        self.queue_bound
     }
 
     pub fn get(&self, destination: &IpNet) -> Option<&Impairment> {

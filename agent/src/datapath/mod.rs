@@ -5,7 +5,8 @@
 //!   operations on them, each with its tc name.
 //! - [`handles`]: disjoint handle ranges indexed by a destination's slot; slots stable across reconciles.
 //! - [`tree`]: desired state (destinations → impairments, checked: `desired`) → the set of objects, with stable
-//!   handles; [`units`]: an impairment in the kernel's units (TBF, netem) and back.
+//!   handles; [`units`]: an impairment in the kernel's units (TBF, netem) and back; [`queue`]: the byte budgets
+//!   every queue is held to.
 //! - [`installed`]: what of a dump is isthmus's (whose root, which objects, which destination in which slot).
 //! - [`diff`]: installed objects vs desired state → the minimal ordered list of operations (`plan`).
 //! - `netlink`: model objects ⇄ rtnetlink messages (hand-encoded htb, tbf, netem), extended acks.
@@ -24,6 +25,7 @@ pub mod installed;
 pub mod model;
 pub mod netlink;
 mod probe;
+pub mod queue;
 mod read;
 mod reconcile;
 mod socket;
@@ -33,4 +35,5 @@ pub mod units;
 pub use desired::DesiredState;
 pub use error::{DatapathError, Place};
 pub use probe::probe;
+pub use queue::{QueueBound, QueueBudget, QueueBudgetError};
 pub use reconcile::{Datapath, ReconcileReport};

@@ -12,6 +12,7 @@ use super::desired::DesiredState;
 use super::error::{DatapathError, Place};
 use super::handles::{DEFAULT_CLASS, ROOT_QDISC};
 use super::model::*;
+use super::queue::QueueBudget;
 use super::reconcile::Datapath;
 use super::{tree, units};
 
@@ -43,16 +44,20 @@ async fn probe_in_scratch(caps: &mut Capabilities) -> Result<(), DatapathError> 
     let netem_qdisc = Qdisc {
         handle: slot(0).netem(),
         parent: Handle::ROOT,
-        kind: QdiscKind::Netem(units::netem_for(&ImpairmentFields {
-            latency: Some(Duration::from_millis(1)),
-            ..Default::default()
-        })),
+        kind: QdiscKind::Netem(units::netem_for(
+            &ImpairmentFields { latency: Some(Duration::from_millis(1)), ..Default::default() },
+            QueueBudget::DEFAULT.bound(1),
+        )),
     };
     let tbf_qdisc = Qdisc {
         handle: slot(0).tbf(),
         parent: Handle::ROOT,
         kind: QdiscKind::Tbf(
-            units::tbf_for(&ImpairmentFields { rate_bps: Some(1_000_000), ..Default::default() }).expect("rate"),
+            units::tbf_for(
+                &ImpairmentFields { rate_bps: Some(1_000_000), ..Default::default() },
+                QueueBudget::DEFAULT.bound(1),
+            )
+            .expect("rate"),
         ),
     };
     caps.tbf = try_root_qdisc(&datapath, &place, ifindex, tbf_qdisc).await?;

@@ -8,6 +8,7 @@ use super::desired::DesiredState;
 use super::error::{DatapathError, Place};
 use super::installed::{self, RootState};
 use super::model::*;
+use super::queue::QueueBudget;
 use super::reconcile::{Datapath, Dump};
 use super::units;
 
@@ -34,8 +35,9 @@ impl Datapath {
     }
 
     /// The destinations and impairments isthmus has installed on the interface (for adoption after a
-    /// restart), as far as the kernel's units allow reading them back. `None` when no isthmus tree is there.
-    pub async fn installed(&self, interface: &str) -> Result<Option<DesiredState>, DatapathError> {
+    /// restart), as far as the kernel's units allow reading them back; a queue equal to what `budget` makes of
+    /// its impairment reads back as no `queueLimit`. `None` when no isthmus tree is there.
+    pub async fn installed(&self, interface: &str, budget: QueueBudget) -> Result<Option<DesiredState>, DatapathError> {
         let Some((place, _, ours)) = self.dump_isthmus_tree(interface).await? else { return Ok(None) };
         let qdisc = |h: Handle| {
             ours.iter().find_map(|o| match o {
@@ -43,7 +45,9 @@ impl Datapath {
                 _ => None,
             })
         };
-        let destinations = installed::installed_destinations(&ours).into_iter().map(|(dst, slot)| {
+        let slots = installed::installed_destinations(&ours);
+        let bound = budget.bound(slots.len());
+        let destinations = slots.into_iter().map(|(dst, slot)| {
             let tbf = match qdisc(slot.tbf()) {
                 Some(QdiscKind::Tbf(t)) => Some(t),
                 _ => None,
@@ -52,11 +56,11 @@ impl Datapath {
                 Some(QdiscKind::Netem(n)) => Some(n),
                 _ => None,
             };
-            let impairment = units::impairment_of(tbf, netem);
+            let impairment = units::impairment_of(tbf, netem, bound);
             impairment.map(|i| (dst, i)).map_err(|e| DatapathError::invalid(Some(dst), e.field, e.reason))
         });
         let destinations: Result<Vec<_>, _> = destinations.collect();
-        destinations.and_then(DesiredState::new).map(Some).map_err(|e| DatapathError::Protocol {
+        destinations.and_then(|d| DesiredState::with_budget(d, budget)).map(Some).map_err(|e| DatapathError::Protocol {
             place,
             message: format!("the installed tree does not read back as a valid desired state: {e}"),
         })

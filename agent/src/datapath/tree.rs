@@ -23,6 +23,7 @@ use super::desired::DesiredState;
 use super::handles::{self, DEFAULT_CLASS, IPV4_HASH_TABLE, IPV6_HASH_TABLE, ROOT_QDISC, Slot};
 use super::model::*;
 use super::netlink::psched::PSCHED_SHIFT;
+use super::queue::QueueBound;
 use super::units::{netem_for, tbf_for};
 
 /// Ceiling for classes that must not limit: far above any NIC or veth (a 10 Gbit/s ceiling was measured to
@@ -56,7 +57,7 @@ pub fn build(desired: &DesiredState, slots: &BTreeMap<IpNet, Slot>) -> Vec<TcObj
     by_slot.sort_by_key(|(s, _, _)| *s);
     let mut objects = root();
     for &(slot, _, impairment) in &by_slot {
-        destination_chain(&mut objects, slot, impairment);
+        destination_chain(&mut objects, slot, impairment, desired.queue_bound());
     }
     let hosts = |is_host: fn(&IpNet) -> bool| -> Vec<(Slot, IpNet)> {
         by_slot.iter().filter(|(_, d, _)| is_host(d)).map(|&(slot, d, _)| (slot, d)).collect()
@@ -83,17 +84,17 @@ fn root() -> Vec<TcObject> {
     ]
 }
 
-/// A destination's class, its TBF when it has a rate, its netem when it needs one.
-fn destination_chain(objects: &mut Vec<TcObject>, slot: Slot, impairment: &Impairment) {
+/// A destination's class, its TBF when it has a rate, its netem when it needs one; their queues held to `bound`.
+fn destination_chain(objects: &mut Vec<TcObject>, slot: Slot, impairment: &Impairment, bound: QueueBound) {
     let imp = impairment.fields();
     objects.push(TcObject::Class(unlimited_class(slot.class())));
     let mut netem_parent = slot.class();
-    if let Some(tbf) = tbf_for(imp) {
+    if let Some(tbf) = tbf_for(imp, bound) {
         objects.push(TcObject::Qdisc(Qdisc { handle: slot.tbf(), parent: slot.class(), kind: QdiscKind::Tbf(tbf) }));
         netem_parent = slot.tbf_inner();
     }
     if imp.needs_netem() {
-        let netem = QdiscKind::Netem(netem_for(imp));
+        let netem = QdiscKind::Netem(netem_for(imp, bound));
         objects.push(TcObject::Qdisc(Qdisc { handle: slot.netem(), parent: netem_parent, kind: netem }));
     }
 }

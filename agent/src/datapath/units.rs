@@ -1,6 +1,7 @@
 //! An impairment in the kernel's units and back: the TBF (rate, bucket, queue) and the netem (delays,
 //! probabilities on the u32 scale, queue from the bandwidth-delay product) that implement it, and the impairment
-//! an installed pair implements. The one place where user units become kernel units.
+//! an installed pair implements. The one place where user units become kernel units. Every queue is held to a
+//! [`QueueBound`] (`super::queue`), the user's own `queueLimit` included.
 
 use std::time::Duration;
 
@@ -8,21 +9,21 @@ use isthmus_agent_api::{Correlated, Impairment, ImpairmentError, ImpairmentField
 
 use super::model::*;
 use super::netlink::psched::{self, PSCHED_SHIFT};
+pub use super::queue::FRAME_BYTES;
+use super::queue::QueueBound;
 
 /// Default TBF bucket: what the rate delivers in this time, but never less than [`MIN_BURST_BYTES`].
 pub const DEFAULT_BURST_TIME: Duration = Duration::from_millis(5);
 pub const MIN_BURST_BYTES: u64 = 3200;
 /// TBF's own queue (rate-only destinations): the bucket plus this much time at the rate.
 pub const DEFAULT_TBF_QUEUE_TIME: Duration = Duration::from_millis(100);
-/// Frame size used to turn bytes into packet counts (Ethernet MTU + header).
-pub const FRAME_BYTES: u64 = 1514;
 /// netem's queue never goes below the kernel's and tc's default.
 pub const MIN_NETEM_LIMIT: u64 = 1000;
 /// For netem without a rate, the queue is sized as if the link ran at this speed.
 pub const ASSUMED_LINE_BYTES_PER_SEC: u64 = 10_000_000_000 / 8;
 
-/// The TBF for an impairment with a rate.
-pub fn tbf_for(imp: &ImpairmentFields) -> Option<Tbf> {
+/// The TBF for an impairment with a rate; its queue (bytes) held to `bound`.
+pub fn tbf_for(imp: &ImpairmentFields, bound: QueueBound) -> Option<Tbf> {
     let rate_bps = imp.rate_bps?;
     let rate = (rate_bps / 8).max(1);
     let burst = burst_bytes(imp);
@@ -33,7 +34,7 @@ pub fn tbf_for(imp: &ImpairmentFields) -> Option<Tbf> {
     Some(Tbf {
         rate_bytes_per_sec: rate,
         buffer_ticks: tbf_buffer_ticks(rate, burst) as u32,
-        limit_bytes: limit.min(u64::from(u32::MAX)) as u32,
+        limit_bytes: limit.min(bound.bytes()).min(u64::from(u32::MAX)) as u32,
     })
 }
 
@@ -64,21 +65,37 @@ pub fn tbf_burst_bytes(rate_bytes_per_sec: u64, ticks: u32) -> u64 {
     (u128::from(ticks) * 64 * u128::from(rate_bytes_per_sec)).div_ceil(1_000_000_000) as u64
 }
 
-/// netem's queue: the user's limit, or the bandwidth-delay product in frames with 50 % margin, at least 1,000.
-pub fn netem_limit(imp: &ImpairmentFields) -> u32 {
-    if let Some(packets) = imp.queue_limit_packets {
-        return packets;
-    }
-    let rate = imp.rate_bps.map(|r| (r / 8).max(1)).unwrap_or(ASSUMED_LINE_BYTES_PER_SEC);
-    let delay = imp.latency.unwrap_or_default() + imp.jitter.unwrap_or_default();
-    let packets = (bytes_in(rate, delay) * 3 / 2).div_ceil(FRAME_BYTES);
-    packets.max(MIN_NETEM_LIMIT).min(u64::from(u32::MAX)) as u32
+/// netem's queue: the user's limit, or the bandwidth-delay product in frames with 50 % margin, at least 1,000;
+/// either held to `bound` (at least one packet).
+pub fn netem_limit(imp: &ImpairmentFields, bound: QueueBound) -> u32 {
+    let wanted = match imp.queue_limit_packets {
+        Some(packets) => u64::from(packets),
+        None => {
+            let rate = imp.rate_bps.map(|r| (r / 8).max(1)).unwrap_or(ASSUMED_LINE_BYTES_PER_SEC);
+            let delay = imp.latency.unwrap_or_default() + imp.jitter.unwrap_or_default();
+            (bytes_in(rate, delay) * 3 / 2).div_ceil(FRAME_BYTES).max(MIN_NETEM_LIMIT)
+        }
+    };
+    wanted.min(u64::from(bound.packets())).max(1) as u32
+}
+
+/// A user's explicit queue limit that `bound` cuts: what was asked for and what is installed, in packets. `None`
+/// when nothing was asked for, it fits, or no queue is installed for it (neither netem nor a rate).
+pub fn queue_cap(imp: &ImpairmentFields, bound: QueueBound) -> Option<(u32, u32)> {
+    let requested = imp.queue_limit_packets?;
+    let installed = if imp.needs_netem() {
+        netem_limit(imp, bound)
+    } else {
+        let tbf = tbf_for(imp, bound)?;
+        (u64::from(tbf.limit_bytes) / FRAME_BYTES).max(1) as u32
+    };
+    (installed < requested).then_some((requested, installed))
 }
 
 /// The netem for an impairment, canonical so that it equals what the kernel dumps back: probabilities whose
 /// event is off carry no correlation, reordering without a gap gets gap 1 (as tc does; with gap 0 the kernel
 /// never reorders).
-pub fn netem_for(imp: &ImpairmentFields) -> Netem {
+pub fn netem_for(imp: &ImpairmentFields, bound: QueueBound) -> Netem {
     let jitter = imp.jitter.filter(|j| !j.is_zero());
     let correlated = |c: Option<Correlated>| match c {
         Some(c) if !c.percent.is_zero() => (c.percent.to_kernel(), c.correlation.to_kernel()),
@@ -107,7 +124,7 @@ pub fn netem_for(imp: &ImpairmentFields) -> Netem {
     Netem {
         latency_ns: imp.latency.map(|d| d.as_nanos() as i64).unwrap_or(0),
         jitter_ns: jitter.map(|d| d.as_nanos() as i64).unwrap_or(0),
-        limit_packets: netem_limit(imp),
+        limit_packets: netem_limit(imp, bound),
         gap,
         duplicate,
         delay_correlation: if jitter.is_some() { imp.jitter_correlation.unwrap_or_default().to_kernel() } else { 0 },
@@ -128,8 +145,13 @@ fn percent_from_kernel(v: u32) -> Percent {
 
 /// The impairment an installed TBF/netem pair implements, as far as the kernel's units allow (rates are
 /// whole bytes per second; an explicit burst equal to the default reads back as the default). An error when
-/// what is installed is not a valid impairment.
-pub fn impairment_of(tbf: Option<&Tbf>, netem: Option<&Netem>) -> Result<Impairment, ImpairmentError> {
+/// what is installed is not a valid impairment. A queue equal to what `bound` makes of the impairment reads back
+/// as no `queueLimit`.
+pub fn impairment_of(
+    tbf: Option<&Tbf>,
+    netem: Option<&Netem>,
+    bound: QueueBound,
+) -> Result<Impairment, ImpairmentError> {
     let mut imp = ImpairmentFields::default();
     if let Some(t) = tbf {
         imp.rate_bps = Some(t.rate_bytes_per_sec * 8);
@@ -169,11 +191,11 @@ pub fn impairment_of(tbf: Option<&Tbf>, netem: Option<&Netem>) -> Result<Impairm
                 loss_in_good: percent_from_kernel(k1),
             }),
         };
-        if netem_limit(&ImpairmentFields { queue_limit_packets: None, ..imp.clone() }) != n.limit_packets {
+        if netem_limit(&ImpairmentFields { queue_limit_packets: None, ..imp.clone() }, bound) != n.limit_packets {
             imp.queue_limit_packets = Some(n.limit_packets);
         }
     } else if let Some(t) = tbf {
-        let default_limit = tbf_for(&imp).map(|d| d.limit_bytes);
+        let default_limit = tbf_for(&imp, bound).map(|d| d.limit_bytes);
         if default_limit != Some(t.limit_bytes) {
             imp.queue_limit_packets = Some((u64::from(t.limit_bytes) / FRAME_BYTES).max(1) as u32);
         }
@@ -183,7 +205,12 @@ pub fn impairment_of(tbf: Option<&Tbf>, netem: Option<&Netem>) -> Result<Impairm
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
+    use crate::datapath::queue::QueueBudget;
+
+    const OPEN: QueueBound = QueueBound::UNBOUNDED;
 
     fn ms(v: u64) -> Option<Duration> {
         Some(Duration::from_millis(v))
@@ -199,7 +226,7 @@ mod tests {
         assert_eq!(burst_bytes(&imp), 6250);
         let slow = ImpairmentFields { rate_bps: Some(64_000), ..Default::default() };
         assert_eq!(burst_bytes(&slow), MIN_BURST_BYTES);
-        let tbf = tbf_for(&imp).unwrap();
+        let tbf = tbf_for(&imp, OPEN).unwrap();
         assert_eq!(tbf.rate_bytes_per_sec, 1_250_000);
         assert_eq!(tbf.limit_bytes, 6250 + 125_000);
     }
@@ -208,13 +235,13 @@ mod tests {
     fn netem_limit_follows_bandwidth_delay_product() {
         let fast_long = ImpairmentFields { rate_bps: Some(1_000_000_000), latency: ms(100), ..Default::default() };
         // 125 MB/s × 100 ms = 12.5 MB, × 1.5 margin = 18.75 MB = 12,385 frames of 1,514 bytes.
-        assert_eq!(netem_limit(&fast_long), 12_385);
+        assert_eq!(netem_limit(&fast_long, OPEN), 12_385);
         let short = ImpairmentFields { rate_bps: Some(1_000_000), latency: ms(1), ..Default::default() };
-        assert_eq!(netem_limit(&short), 1000);
+        assert_eq!(netem_limit(&short, OPEN), 1000);
         let explicit = ImpairmentFields { latency: ms(100), queue_limit_packets: Some(50), ..Default::default() };
-        assert_eq!(netem_limit(&explicit), 50);
+        assert_eq!(netem_limit(&explicit, OPEN), 50);
         let no_rate = ImpairmentFields { latency: ms(100), jitter: ms(20), ..Default::default() };
-        assert_eq!(netem_limit(&no_rate), (1_250_000_000u64 * 120 / 1000 * 3 / 2).div_ceil(FRAME_BYTES) as u32);
+        assert_eq!(netem_limit(&no_rate, OPEN), (1_250_000_000u64 * 120 / 1000 * 3 / 2).div_ceil(FRAME_BYTES) as u32);
     }
 
     #[test]
@@ -232,16 +259,87 @@ mod tests {
             burst_bytes: Some(64_000),
             queue_limit_packets: None,
         };
-        let n = netem_for(&imp);
+        let n = netem_for(&imp, OPEN);
         assert_eq!(n.latency_ns, 50_000_000);
         assert_eq!((n.duplicate, n.duplicate_correlation), (0, 0), "no correlation without duplication");
         assert_eq!(n.gap, 1, "reorder without gap is gap 1, as tc sends");
         let NetemLoss::GilbertElliott { h, k1, .. } = n.loss else { panic!() };
         assert_eq!(h, u32::MAX - p(70.0).to_kernel());
         assert_eq!(k1, p(0.5).to_kernel());
-        let back = impairment_of(tbf_for(&imp).as_ref(), Some(&n)).unwrap();
+        let back = impairment_of(tbf_for(&imp, OPEN).as_ref(), Some(&n), OPEN).unwrap();
         let expected = ImpairmentFields { duplicate: None, ..imp };
         assert_eq!(back.fields(), &expected);
-        assert_eq!(netem_for(back.fields()), n);
+        assert_eq!(netem_for(back.fields(), OPEN), n);
+    }
+
+    #[test]
+    fn every_queue_is_held_to_the_bound() {
+        let bound = QueueBudget::DEFAULT.bound(1);
+        assert_eq!(bound.packets(), 11_081);
+        // An hour of latency without a rate: the product at the assumed 10 Gbit/s is 4.5 TB.
+        let hour = ImpairmentFields { latency: Some(Duration::from_secs(3600)), ..Default::default() };
+        assert_eq!(netem_limit(&hour, OPEN), u32::MAX);
+        assert_eq!(netem_limit(&hour, bound), 11_081);
+        assert_eq!(queue_cap(&hour, bound), None, "a derived limit is not a cap of the user's");
+        let asked = ImpairmentFields { queue_limit_packets: Some(1_000_000), ..hour.clone() };
+        assert_eq!(netem_limit(&asked, bound), 11_081);
+        assert_eq!(queue_cap(&asked, bound), Some((1_000_000, 11_081)));
+        let fits = ImpairmentFields { queue_limit_packets: Some(500), ..hour };
+        assert_eq!((netem_limit(&fits, bound), queue_cap(&fits, bound)), (500, None));
+        // TBF alone: its byte limit, derived (10 Gbit/s: 125 MB for 100 ms) or asked for.
+        let fast = ImpairmentFields { rate_bps: Some(10_000_000_000), ..Default::default() };
+        assert_eq!(u64::from(tbf_for(&fast, bound).unwrap().limit_bytes), bound.bytes());
+        let queue = ImpairmentFields { queue_limit_packets: Some(100_000), ..fast };
+        assert_eq!(queue_cap(&queue, bound), Some((100_000, 11_081)));
+        let no_queue = ImpairmentFields { queue_limit_packets: Some(100_000), ..Default::default() };
+        assert_eq!(queue_cap(&no_queue, bound), None, "nothing queues without netem or a rate");
+        // A capped queue reads back as the impairment without a queue limit, under the same bound.
+        let n = netem_for(&asked, bound);
+        let back = impairment_of(None, Some(&n), bound).unwrap();
+        assert_eq!(back.fields().queue_limit_packets, None);
+        assert_eq!(netem_for(back.fields(), bound), n);
+    }
+
+    fn fields() -> impl Strategy<Value = ImpairmentFields> {
+        (
+            proptest::option::of(0u64..=3_600_000),
+            proptest::option::of(8u64..=100_000_000_000),
+            proptest::option::of(1u32..=u32::MAX),
+        )
+            .prop_map(|(latency_ms, rate_bps, queue_limit_packets)| ImpairmentFields {
+                latency: latency_ms.map(Duration::from_millis),
+                rate_bps,
+                queue_limit_packets,
+                ..Default::default()
+            })
+    }
+
+    fn bound() -> impl Strategy<Value = QueueBound> {
+        (1usize..=4095, FRAME_BYTES..=1u64 << 34)
+            .prop_map(|(n, per_destination)| QueueBudget::new(per_destination, 1 << 40).unwrap().bound(n))
+    }
+
+    proptest! {
+        #[test]
+        fn queues_never_exceed_their_bound(imp in fields(), bound in bound()) {
+            let packets = netem_limit(&imp, bound);
+            prop_assert!((1..=bound.packets()).contains(&packets));
+            prop_assert_eq!(netem_for(&imp, bound).limit_packets, packets);
+            if let Some(tbf) = tbf_for(&imp, bound) {
+                prop_assert!(u64::from(tbf.limit_bytes) <= bound.bytes());
+            }
+            if let Some((requested, installed)) = queue_cap(&imp, bound) {
+                prop_assert!(installed < requested && Some(requested) == imp.queue_limit_packets);
+            }
+        }
+
+        #[test]
+        fn queues_grow_with_the_bound(imp in fields(), a in bound(), b in bound()) {
+            let (small, large) = if a <= b { (a, b) } else { (b, a) };
+            prop_assert!(netem_limit(&imp, small) <= netem_limit(&imp, large));
+            let tbf_limit = |bound| tbf_for(&imp, bound).map(|t| t.limit_bytes);
+            prop_assert!(tbf_limit(small) <= tbf_limit(large));
+            prop_assert!(netem_limit(&imp, large) <= netem_limit(&imp, OPEN));
+        }
     }
 }

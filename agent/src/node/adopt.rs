@@ -40,11 +40,12 @@ pub(super) async fn find_installed(
     Ok(found.into_iter().flatten().collect())
 }
 
-/// The entry, when an isthmus tree is installed there.
+/// The entry, when an isthmus tree is installed there. Only its presence counts: a tree installed under other
+/// queue budgets (or by an older agent) need not read back as this agent's desired state to be adopted.
 async fn holds_a_tree(entry: AdoptedEntry) -> Option<AdoptedEntry> {
     let installed = async {
         let datapath = Datapath::open(entry.netns.fd()).await?;
-        datapath.installed(&entry.interface).await
+        datapath.observe(&entry.interface).await
     };
     match installed.await {
         Ok(Some(_)) => Some(entry),

@@ -51,6 +51,7 @@ pub use self::cleanup::cleanup;
 pub use self::plan::{PlanPod, RawNodePlan};
 use self::state::{Applied, Snapshot};
 use self::trees::Trees;
+use crate::datapath::QueueBudget;
 use crate::metrics::Metrics;
 use crate::netns::{Resolver, Sources};
 
@@ -61,6 +62,8 @@ pub struct NodeConfig {
     pub sources: Sources,
     /// Pods reconciled at once.
     pub parallelism: usize,
+    /// What each pod's queues may hold (`crate::datapath::queue`).
+    pub queue_budget: QueueBudget,
 }
 
 #[derive(Debug)]

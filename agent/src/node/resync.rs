@@ -18,7 +18,7 @@ impl Node {
         let pods: Vec<Arc<InstalledPod>> = applied.pods.values().cloned().collect();
         let outcomes: Vec<(Arc<InstalledPod>, Result<usize, DatapathError>)> = futures::stream::iter(pods)
             .map(|pod| async move {
-                let outcome = match pod.desired() {
+                let outcome = match pod.desired(self.config.queue_budget) {
                     Ok(desired) => {
                         self.trees.reconcile(&pod.datapath, &pod.interface, &desired, ReconcilePath::Full).await
                     }

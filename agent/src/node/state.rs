@@ -8,7 +8,7 @@ use ipnet::IpNet;
 use isthmus_agent_api::{LinkRef, PodResult};
 
 use super::plan::Destination;
-use crate::datapath::{Datapath, DatapathError, DesiredState};
+use crate::datapath::{Datapath, DatapathError, DesiredState, QueueBudget};
 use crate::metrics::PodName;
 use crate::netns::Netns;
 
@@ -41,13 +41,13 @@ impl InstalledPod {
         self.destinations.binary_search_by(|(d, _, _)| d.cmp(destination)).ok().map(|i| &self.destinations[i].2)
     }
 
-    pub fn desired(&self) -> Result<DesiredState, DatapathError> {
-        desired_state(&self.destinations)
+    pub fn desired(&self, budget: QueueBudget) -> Result<DesiredState, DatapathError> {
+        desired_state(&self.destinations, budget)
     }
 }
 
-pub(super) fn desired_state(destinations: &[Destination]) -> Result<DesiredState, DatapathError> {
-    DesiredState::new(destinations.iter().map(|(d, impairment, _)| (*d, impairment.clone())))
+pub(super) fn desired_state(destinations: &[Destination], budget: QueueBudget) -> Result<DesiredState, DatapathError> {
+    DesiredState::with_budget(destinations.iter().map(|(d, impairment, _)| (*d, impairment.clone())), budget)
 }
 
 /// A tree found installed at start-up, kept as it is until the first plan says whether it is wanted.

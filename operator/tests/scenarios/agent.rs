@@ -132,6 +132,7 @@ impl FakeAgents {
                     None => PodOutcome::Applied,
                 },
                 mutations: 1,
+                queue_caps: Vec::new(),
             })
             .collect();
         Ok(reply(agent, plan.version, false))

@@ -3,10 +3,12 @@
 
 use std::collections::HashSet;
 
-use isthmus_agent_api::{PodError, PodErrorKind, PodOutcome, PodPlan, PodResult};
+use isthmus_agent_api::{PodError, PodErrorKind, PodOutcome, PodPlan, PodResult, QueueCap};
 
 use super::PodJob;
-use crate::node::plan::PlanPod;
+use crate::datapath::units::queue_cap;
+use crate::datapath::{QueueBound, QueueBudget};
+use crate::node::plan::{Destination, PlanPod};
 use crate::node::state::desired_state;
 
 /// The pods of one plan as the apply goes: a result per entry of the plan (`None` while the pod is worked on),
@@ -19,12 +21,12 @@ pub(super) struct Progress {
 
 impl Progress {
     /// Step 1: every entry checked on its own; of each pod, only what the apply needs is kept.
-    pub fn check(pods: Vec<PlanPod>) -> Self {
+    pub fn check(pods: Vec<PlanPod>, budget: QueueBudget) -> Self {
         let mut progress =
             Progress { results: Vec::with_capacity(pods.len()), jobs: Vec::new(), keep_as_is: HashSet::new() };
         let mut seen = HashSet::new();
         for (index, entry) in pods.into_iter().enumerate() {
-            match check_pod(index, entry, &mut seen) {
+            match check_pod(index, entry, &mut seen, budget) {
                 Ok(job) => {
                     progress.results.push(None);
                     progress.jobs.push(job);
@@ -33,7 +35,7 @@ impl Progress {
                     if keep_installed {
                         progress.keep_as_is.insert(result.uid.clone());
                     }
-                    progress.results.push(Some(result));
+                    progress.results.push(Some(*result));
                 }
             }
         }
@@ -51,21 +53,23 @@ impl Progress {
 
 /// Why a plan entry is not reconciled, and whether what is installed for the pod stays.
 struct Refused {
-    result: PodResult,
+    /// Boxed: a result is large, and refusals are the rare path.
+    result: Box<PodResult>,
     keep_installed: bool,
 }
 
-fn check_pod(index: usize, entry: PlanPod, seen: &mut HashSet<String>) -> Result<PodJob, Refused> {
+fn check_pod(index: usize, entry: PlanPod, seen: &mut HashSet<String>, budget: QueueBudget) -> Result<PodJob, Refused> {
     let (pod, destinations) = match entry {
         PlanPod::Valid { pod, destinations } => (pod, destinations),
         PlanPod::Malformed { uid, namespace, name, message } => {
             let message = format!("pods[{index}]: {message}");
             let result = failed(&uid, &namespace, &name, PodErrorKind::InvalidPlan, message);
-            return Err(Refused { result, keep_installed: true });
+            return Err(Refused { result: Box::new(result), keep_installed: true });
         }
     };
-    let refuse =
-        |kind, message, keep_installed| Err(Refused { result: failed_pod(&pod, kind, message), keep_installed });
+    let refuse = |kind, message, keep_installed| {
+        Err(Refused { result: Box::new(failed_pod(&pod, kind, message)), keep_installed })
+    };
     if !seen.insert(pod.uid.clone()) {
         return refuse(PodErrorKind::InvalidPlan, format!("pods[{index}].uid: {} appears twice", pod.uid), false);
     }
@@ -76,10 +80,24 @@ fn check_pod(index: usize, entry: PlanPod, seen: &mut HashSet<String>) -> Result
     if let Err(message) = check_interface_name(&pod.interface) {
         return refuse(PodErrorKind::InvalidPlan, format!("pods[{index}].interface: {message}"), true);
     }
-    match desired_state(&destinations) {
-        Ok(desired) => Ok(PodJob { index, pod, destinations, desired }),
+    match desired_state(&destinations, budget) {
+        Ok(desired) => {
+            let queue_caps = queue_caps(&destinations, desired.queue_bound());
+            Ok(PodJob { index, pod, destinations, desired, queue_caps })
+        }
         Err(e) => refuse(e.kind(), format!("pods[{index}]: {e}"), true),
     }
+}
+
+/// The destinations whose `queueLimit` `bound` cuts.
+fn queue_caps(destinations: &[Destination], bound: QueueBound) -> Vec<QueueCap> {
+    destinations
+        .iter()
+        .filter_map(|(destination, impairment, link)| {
+            let (requested_packets, installed_packets) = queue_cap(impairment.fields(), bound)?;
+            Some(QueueCap { destination: *destination, link: (**link).clone(), requested_packets, installed_packets })
+        })
+        .collect()
 }
 
 /// Linux interface names: 1 to 15 bytes, no `/`, no whitespace, not `.` or `..`.
@@ -93,13 +111,14 @@ fn check_interface_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-pub(super) fn applied_pod(pod: &PodPlan, mutations: usize) -> PodResult {
+pub(super) fn applied_pod(pod: &PodPlan, mutations: usize, queue_caps: Vec<QueueCap>) -> PodResult {
     PodResult {
         uid: pod.uid.clone(),
         namespace: pod.namespace.clone(),
         name: pod.name.clone(),
         outcome: PodOutcome::Applied,
         mutations: mutations as u64,
+        queue_caps,
     }
 }
 
@@ -110,6 +129,7 @@ fn failed(uid: &str, namespace: &str, name: &str, kind: PodErrorKind, message: S
         name: name.to_owned(),
         outcome: PodOutcome::Failed(PodError { kind, message }),
         mutations: 0,
+        queue_caps: Vec::new(),
     }
 }
 

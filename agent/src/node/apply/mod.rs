@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures::StreamExt;
-use isthmus_agent_api::{ApplyReply, PodErrorKind, PodOutcome, PodPlan, PodResult};
+use isthmus_agent_api::{ApplyReply, PodErrorKind, PodOutcome, PodPlan, PodResult, QueueCap};
 
 use self::check::{Progress, applied_pod, failed_pod};
 use super::plan::{Destination, RawNodePlan};
@@ -58,6 +58,8 @@ struct PodJob {
     pod: PodPlan,
     destinations: Vec<Destination>,
     desired: DesiredState,
+    /// Destinations whose `queueLimit` the budgets cut, reported with the pod's result.
+    queue_caps: Vec<QueueCap>,
 }
 
 /// A pod whose namespace was found, with its kept connection while it is still in the same one.
@@ -89,7 +91,7 @@ impl Node {
             return Ok(self.reply(current, true, applied.last_results.clone()));
         }
         let version = raw.version;
-        let mut progress = Progress::check(raw.pods);
+        let mut progress = Progress::check(raw.pods, self.config.queue_budget);
         let found = self.find_namespaces(&mut progress, &applied).await?;
         let reconciled = self.reconcile_found(found).await;
         let installed = self.installed_set(reconciled, &applied, &mut progress).await;
@@ -164,10 +166,10 @@ impl Node {
         progress: &mut Progress,
     ) -> HashMap<String, Arc<InstalledPod>> {
         let mut installed = HashMap::new();
-        for Reconciled { job: PodJob { index, pod, destinations, .. }, netns, outcome } in reconciled {
+        for Reconciled { job: PodJob { index, pod, destinations, queue_caps, .. }, netns, outcome } in reconciled {
             let datapath = match outcome {
                 Ok((datapath, mutations)) => {
-                    progress.results[index] = Some(applied_pod(&pod, mutations));
+                    progress.results[index] = Some(applied_pod(&pod, mutations, queue_caps));
                     Some(datapath)
                 }
                 Err(e) => {
@@ -257,8 +259,22 @@ impl Node {
     fn record(&self, version: u64, results: &[PodResult], removed: usize, started: Instant) {
         let mut mutations = 0;
         let mut errors = 0;
+        let mut capped = 0;
         for r in results {
             mutations += r.mutations;
+            // One line per pod (its first cap as the example), not one per destination: a plan of 10,000.
+            if let Some(cap) = r.queue_caps.first() {
+                capped += r.queue_caps.len() as i64;
+                tracing::warn!(
+                    pod = %format!("{}/{}", r.namespace, r.name),
+                    destinations = r.queue_caps.len(),
+                    destination = %cap.destination,
+                    link = %format!("{}/{}", cap.link.namespace, cap.link.name),
+                    requested = cap.requested_packets,
+                    installed = cap.installed_packets,
+                    "queueLimit cut to the queue budget"
+                );
+            }
             if let PodOutcome::Failed(e) = &r.outcome {
                 errors += 1;
                 self.metrics.count_pod_error(e.kind);
@@ -268,6 +284,7 @@ impl Node {
         let outcome = if errors == 0 { ApplyOutcome::Applied } else { ApplyOutcome::Partial };
         self.metrics.mutations.inc_by(mutations);
         self.metrics.pods_in_plan.set(results.len() as i64);
+        self.metrics.queue_limits_capped.set(capped);
         self.metrics.count_apply(outcome.label());
         self.metrics.apply_duration_seconds.observe(started.elapsed().as_secs_f64());
         let elapsed_ms = started.elapsed().as_millis() as u64;

@@ -76,6 +76,7 @@ fn acked(plan: &NodePlan, outcomes: &[(&str, PodOutcome)], netem: bool) -> BTree
             name: (*name).into(),
             outcome: outcome.clone(),
             mutations: 1,
+            queue_caps: Vec::new(),
         })
         .collect();
     let reply = ApplyReply { node: "n1".into(), version: 1, stale: false, pods, capabilities: capabilities.clone() };

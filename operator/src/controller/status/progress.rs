@@ -147,6 +147,7 @@ mod tests {
                     name: (*name).into(),
                     outcome: outcome.clone(),
                     mutations: 1,
+                    queue_caps: Vec::new(),
                 })
                 .collect(),
             capabilities: caps.clone(),
