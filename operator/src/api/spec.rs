@@ -204,10 +204,12 @@ pub struct ImpairmentSpec {
     /// bandwidth. Derived from the bandwidth when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub burst: Option<BurstValue>,
-    /// Packets queued per destination before tail drop. Derived from the bandwidth-delay product when absent,
-    /// so high-rate, high-latency links are not silently capped by a short queue.
+    /// Packets queued per destination before tail drop, at most 1,000,000. Derived from the bandwidth-delay
+    /// product when absent, so high-rate, high-latency links are not silently capped by a short queue. Either
+    /// way the node's agent holds every queue to its byte budgets (per destination and per pod) and reports a
+    /// `queueLimit` it cut.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 4294967295_u32))]
+    #[schemars(range(min = 1, max = isthmus_agent_api::MAX_QUEUE_LIMIT_PACKETS))]
     pub queue_limit: Option<u32>,
 }
 

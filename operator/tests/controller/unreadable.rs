@@ -65,7 +65,10 @@ async fn every_integer_is_bounded_and_an_unreadable_link_stops_no_other() {
     let at_and_beyond = |impairment: &dyn Fn(u64) -> Value, at: u64| {
         (manifest("at-bound", impairment(at), None), manifest("beyond", impairment(at + 1), None))
     };
-    let queue = at_and_beyond(&|n| json!({"latency": "10ms", "queueLimit": n}), u32::MAX as u64);
+    let queue = at_and_beyond(
+        &|n| json!({"latency": "10ms", "queueLimit": n}),
+        u64::from(isthmus_agent_api::MAX_QUEUE_LIMIT_PACKETS),
+    );
     let gap = at_and_beyond(&|n| json!({"latency": "10ms", "reorder": {"percent": "1%", "gap": n}}), u32::MAX as u64);
     let cases = [
         (
