@@ -71,6 +71,10 @@ def main():
         check(m.get("readOnly") is True, f"agent: mount {m['mountPath']} read-only")
     env = {e["name"]: e for e in agent["env"]}
     check(env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName", "agent: NODE_NAME from the downward API")
+    # whole decimal numbers (the agent parses u64), never Helm's float form 1.6777216e+07
+    queue = {"default": ("16777216", "67108864"), "queue": ("1073741824", "4294967296")}.get(variant, ("16777216", "67108864"))
+    check((env["ISTHMUS_QUEUE_BYTES_PER_DESTINATION"]["value"], env["ISTHMUS_QUEUE_BYTES_PER_POD"]["value"]) == queue,
+          f"agent: queue budgets {queue}")
     for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
         check(probe in agent, f"agent: {probe}")
 

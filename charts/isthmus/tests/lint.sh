@@ -65,6 +65,7 @@ variants=(
   "default|isthmus|isthmus-system|"
   "replicas2|isthmus|isthmus-system|--set operator.replicas=2"
   "tolerations|chaos|chaos-tools|-f $work/tolerations.yaml"
+  "queue|isthmus|isthmus-system|--set agent.queue.bytesPerDestination=1073741824 --set agent.queue.bytesPerPod=4294967296"
   "minimal|lab|lab|--set operator.leaderElection=false --set uninstall.enabled=false --set fullnameOverride=netlab --set-json imagePullSecrets=[{\"name\":\"regcred\"}]"
 )
 for v in "${variants[@]}"; do
@@ -98,7 +99,9 @@ refuse "apiPort" --set agent.apiPort=70000
 refuse "agentServerName" --set 'tls.agentServerName=*.isthmus'
 refuse "operator" --set operator.replicas=two
 refuse "uninstall.timeoutSeconds (120) must be above operator.cleanupTimeoutSeconds (120)" --set uninstall.timeoutSeconds=120
-step "values.schema.json and the templates refuse 11 bad values, naming the field"
+refuse "bytesPerDestination" --set agent.queue.bytesPerDestination=1000
+refuse "bytesPerPod" --set agent.queue.bytesPerPod=6199829
+step "values.schema.json and the templates refuse 13 bad values, naming the field"
 
 [ "${CHART_LINT_SKIP_CLUSTER:-}" = 1 ] && { step "cluster checks skipped (CHART_LINT_SKIP_CLUSTER=1)"; exit 0; }
 
