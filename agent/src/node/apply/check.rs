@@ -136,3 +136,45 @@ fn failed(uid: &str, namespace: &str, name: &str, kind: PodErrorKind, message: S
 pub(super) fn failed_pod(pod: &PodPlan, kind: PodErrorKind, message: String) -> PodResult {
     failed(&pod.uid, &pod.namespace, &pod.name, kind, message)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use isthmus_agent_api::test_util::{destination, impairment, link, pod};
+    use isthmus_agent_api::{ImpairmentFields, NodePlan};
+
+    use super::*;
+    use crate::node::plan::RawNodePlan;
+
+    #[test]
+    fn a_cut_queue_limit_is_reported_with_its_destination_and_link() {
+        let hour = Some(Duration::from_secs(3600));
+        let asked =
+            impairment(ImpairmentFields { latency: hour, queue_limit_packets: Some(50_000), ..Default::default() });
+        let derived = impairment(ImpairmentFields { latency: hour, ..Default::default() });
+        let destinations = vec![
+            destination("10.0.0.2".parse::<std::net::IpAddr>().unwrap(), asked, link("long")),
+            destination("10.0.0.3".parse::<std::net::IpAddr>().unwrap(), derived, link("long")),
+        ];
+        let plan = NodePlan {
+            node: "n".into(),
+            version: 1,
+            pods: vec![pod("u", "p", &["10.0.0.1".parse().unwrap()], destinations)],
+        };
+        // Two destinations: each gets min(per destination, per pod / 2) = 4 MiB = 2,770 frames.
+        let budget = QueueBudget::new(8 << 20, 8 << 20).unwrap();
+        let progress = Progress::check(RawNodePlan::from(&plan).pods, budget);
+        let [job] = progress.jobs.as_slice() else { panic!("one pod to reconcile") };
+        assert_eq!(
+            job.queue_caps,
+            [QueueCap {
+                destination: "10.0.0.2/32".parse().unwrap(),
+                link: link("long"),
+                requested_packets: 50_000,
+                installed_packets: 2770,
+            }],
+            "only the explicit queueLimit is reported; the derived queue is cut silently"
+        );
+    }
+}
