@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, ensure};
 use ipnet::IpNet;
-use isthmus_agent::datapath::{Datapath, DesiredState, ReconcileReport, probe};
+use isthmus_agent::datapath::{Datapath, DesiredState, QueueBudget, ReconcileReport, probe};
 use isthmus_agent_api::{Correlated, Impairment, ImpairmentFields, Loss, Percent, PodErrorKind, Reorder};
 
 use super::expect;
@@ -159,7 +159,10 @@ fn delay(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
         counters.packets,
         r.sent
     );
-    let installed = ctx.runtime.block_on(dp.installed(SOURCE_IF))?.context("installed() sees no isthmus tree")?;
+    let installed = ctx
+        .runtime
+        .block_on(dp.installed(SOURCE_IF, QueueBudget::DEFAULT))?
+        .context("installed() sees no isthmus tree")?;
     ensure!(installed == desired(&[(dst, imp)])?, "installed() reads back {installed:?}");
     ctx.runtime.block_on(dp.reconcile(SOURCE_IF, &DesiredState::empty()))?;
     let after = link.tc_show("qdisc")?;

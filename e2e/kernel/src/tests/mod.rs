@@ -4,6 +4,8 @@
 mod datapath;
 mod expect;
 mod kernel;
+#[cfg(feature = "datapath")]
+mod queue_bound;
 
 use crate::harness::Test;
 
@@ -12,5 +14,7 @@ pub fn all() -> Vec<Test> {
     let mut tests = kernel::tests();
     #[cfg(feature = "datapath")]
     tests.extend(datapath::tests());
+    #[cfg(feature = "datapath")]
+    tests.extend(queue_bound::tests());
     tests
 }

@@ -1,0 +1,120 @@
+//! Kernel memory under a flood: every queue the datapath installs is held to the agent's byte budgets, however
+//! long the link and whatever `queueLimit` asks for (`isthmus_agent::datapath::queue`).
+
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, ensure};
+use ipnet::IpNet;
+use isthmus_agent::datapath::queue::MIN_BYTES_PER_POD;
+use isthmus_agent::datapath::units::{FRAME_BYTES, queue_cap};
+use isthmus_agent::datapath::{Datapath, DesiredState, QueueBudget};
+use isthmus_agent_api::{Impairment, ImpairmentFields, MAX_QUEUE_LIMIT_PACKETS};
+
+use crate::harness::{Ctx, Outcome, Test};
+use crate::netns::{Link, SOURCE_IF};
+use crate::traffic::flood;
+
+pub fn tests() -> Vec<Test> {
+    vec![Test { name: "queue_bound_under_flood", run: queue_bound_under_flood }]
+}
+
+/// How long the flood runs, and the datagrams spread over it: over ten times what the three queues may hold, yet
+/// few enough that with an unbounded queue the guest (512 MB) survives to fail the backlog assertion — as it did
+/// with netem's bound removed (2026-11-24, `e2e/kernel/rig all --test queue_bound_under_flood --kernel bookworm`:
+/// "backlog of 19999 packets, 28838558 bytes exceeds the bound of 2066610 bytes").
+const FLOOD_FOR: Duration = Duration::from_secs(10);
+const FLOOD_MAX_PACKETS: u64 = 60_000;
+/// The budgets under test, as the agent takes them from its flags: the pod's is the smallest allowed and the
+/// tighter one, so three destinations get a third each (1,365 full frames) — little enough for the emulated
+/// guest's sender to fill (TCG sends a few thousand datagrams a second at most).
+const PER_DESTINATION: u64 = 8 << 20;
+const PER_POD: u64 = MIN_BYTES_PER_POD;
+
+/// An hour of latency (the longest a link may ask for): from the bandwidth-delay product at the assumed
+/// 10 Gbit/s netem's queue would be billions of packets, each held for the hour, apart from its socket. Three
+/// destinations: netem with a derived queue, netem with the largest `queueLimit` the schema allows, and a slow
+/// TBF alone with that `queueLimit`. A 10 s UDP flood to all three; each queue's backlog (the kernel's counters,
+/// read over netlink by the datapath's `observe`) stays within its bound and together within the pod's budget.
+fn queue_bound_under_flood(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
+    let link = Link::new("queue", 3)?;
+    let budget = QueueBudget::new(PER_DESTINATION, PER_POD)?;
+    let hour = Some(Duration::from_secs(3600));
+    let most = Some(MAX_QUEUE_LIMIT_PACKETS);
+    let impairments = [
+        ImpairmentFields { latency: hour, ..Default::default() },
+        ImpairmentFields { latency: hour, queue_limit_packets: most, ..Default::default() },
+        ImpairmentFields { rate_bps: Some(1_000_000), queue_limit_packets: most, ..Default::default() },
+    ];
+    let destinations: Vec<(IpNet, Impairment)> = link
+        .destinations
+        .iter()
+        .zip(impairments)
+        .map(|(d, i)| Ok((IpNet::from(IpAddr::V4(*d)), Impairment::try_from(i)?)))
+        .collect::<anyhow::Result<_>>()?;
+    let desired = DesiredState::with_budget(destinations.clone(), budget)?;
+    let bound = desired.queue_bound();
+    ensure!(bound.bytes() == PER_POD / 3, "three destinations share the pod's budget: {bound:?}");
+    let caps: Vec<_> = destinations.iter().map(|(_, i)| queue_cap(i.fields(), bound)).collect();
+    let packets = bound.packets();
+    ctx.log(format!("bound {} bytes = {packets} packets; caps {caps:?}", bound.bytes()));
+    ensure!(
+        caps == [None, Some((MAX_QUEUE_LIMIT_PACKETS, packets)), Some((MAX_QUEUE_LIMIT_PACKETS, packets))],
+        "the explicit queueLimits are not reported as cut to {packets} packets: {caps:?}"
+    );
+
+    let dp = ctx.runtime.block_on(Datapath::open(link.a.fd())).context("opening the datapath in netns a")?;
+    let report = ctx.runtime.block_on(dp.reconcile(SOURCE_IF, &desired)).context("reconcile")?;
+    ctx.log(format!("reconcile: {report:?}"));
+    // (iproute2 6.1 prints netem's delay from the legacy ticks field, which saturates at 275 s.)
+    let qdiscs = link.tc_show("qdisc")?;
+    ensure!(
+        qdiscs.matches("qdisc netem").count() == 2 && qdiscs.matches(&format!("limit {packets} delay")).count() == 2,
+        "tc does not show both netems with limit {packets}:\n{qdiscs}"
+    );
+
+    let started = Instant::now();
+    let payload = 1400;
+    let sent = flood(&link, &link.destinations, 9000, payload, FLOOD_FOR, FLOOD_MAX_PACKETS)?;
+    let took = started.elapsed();
+    let observed = ctx.runtime.block_on(dp.observe(SOURCE_IF))?.context("observe() sees no isthmus tree")?;
+    ctx.log(format!("flooded {sent} datagrams of {payload} bytes in {took:?}; observe(): {observed:?}"));
+    ctx.log(format!("tc -s qdisc show:\n{}", link.tc_show("qdisc")?));
+    ctx.record("flood_packets", sent);
+    ctx.record("bound_packets", packets);
+    ctx.summarize(format!("{sent} datagrams in {:.1} s", took.as_secs_f64()));
+    let frame = (payload + 14 + 20 + 8) as u64;
+    ensure!(
+        sent >= 4 * u64::from(packets),
+        "the flood sent {sent} datagrams, too few to fill three queues of {packets} packets: nothing was tested"
+    );
+    let mut total = 0;
+    for (destination, _) in &destinations {
+        let c = observed.iter().find(|(d, _)| d == destination).map(|(_, c)| *c).context("destination not observed")?;
+        ctx.record(&format!("backlog_bytes.{destination}"), c.backlog_bytes);
+        ctx.summarize(format!(
+            "{destination}: backlog {} pkts {} B, drops {}",
+            c.backlog_packets, c.backlog_bytes, c.drops
+        ));
+        ensure!(
+            c.backlog_bytes <= bound.bytes() && c.backlog_packets * frame <= bound.bytes(),
+            "{destination}: backlog of {} packets, {} bytes exceeds the bound of {} bytes",
+            c.backlog_packets,
+            c.backlog_bytes,
+            bound.bytes()
+        );
+        // Full to within one frame (TBF may be sending one): the flood reached the bound and was cut there.
+        let full = bound.bytes().min(u64::from(packets) * frame);
+        ensure!(
+            c.drops > 0 && c.backlog_bytes + FRAME_BYTES > full,
+            "{destination}: the flood did not reach the bound (backlog {} bytes, drops {})",
+            c.backlog_bytes,
+            c.drops
+        );
+        total += c.backlog_bytes;
+    }
+    ctx.record("backlog_bytes_total", total);
+    ensure!(total <= PER_POD, "the pod's queues hold {total} bytes, beyond its budget of {PER_POD}");
+    ctx.runtime.block_on(dp.reconcile(SOURCE_IF, &DesiredState::empty()))?;
+    Ok(Outcome::Pass)
+}
