@@ -200,7 +200,9 @@ impl NodeLoop {
             }
             Ok(reply) => {
                 let failed = reply.pods.iter().filter(|p| p.outcome != PodOutcome::Applied).count();
-                tracing::info!(%node, version = plan.version, pods = plan.pods.len(), failed, "plan applied");
+                // Destinations whose queueLimit the node's queue budgets cut (the agent logs which).
+                let queue_limits_capped: usize = reply.pods.iter().map(|p| p.queue_caps.len()).sum();
+                tracing::info!(%node, version = plan.version, pods = plan.pods.len(), failed, queue_limits_capped, "plan applied");
                 self.failures = 0;
                 self.retry_at = Instant::now();
                 self.resync_at = Instant::now() + self.shared.config.resync;
