@@ -171,7 +171,7 @@ async fn agent_apply_change_gc_shutdown_adopt_and_cleanup() {
     };
     // A burst without a rate: no Impairment can say that, so the plan goes out as JSON.
     let mut v3 = serde_json::to_value(&v3).unwrap();
-    v3["pods"][4]["destinations"][0]["impairment"] = serde_json::json!({"burstBytes": 10_000});
+    v3["pods"][4]["groups"][0]["impairment"] = serde_json::json!({"burstBytes": 10_000});
     let (status, body) = certs.put_plan_json(agent.api, &v3).await;
     assert_eq!(status, 200, "{body}");
     let reply: ApplyReply = serde_json::from_str(&body).unwrap();

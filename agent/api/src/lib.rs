@@ -5,6 +5,7 @@
 
 #[cfg(feature = "client")]
 pub mod client;
+mod groups;
 pub mod impairment;
 pub mod plan;
 #[cfg(feature = "test-util")]

@@ -18,6 +18,14 @@ pub const OBSERVED_PATH: &str = "/v1/observed";
 /// `GET` the node's [`Capabilities`].
 pub const CAPABILITIES_PATH: &str = "/v1/capabilities";
 
+/// The largest plan body an agent reads; the operator's limits keep every node plan far below it
+/// (docs/networklink.md#plan-limits).
+pub const MAX_PLAN_BYTES: usize = 64 << 20;
+
+/// The most destinations one pod's interface can have: the agent numbers each destination's classes, qdiscs and
+/// filter nodes with a 12-bit slot (u32's node field). The operator's per-pod limit may not exceed it.
+pub const MAX_DESTINATIONS_PER_INTERFACE: usize = 0xfff;
+
 /// Which NetworkLink (and direction) asked for a destination's impairment; used for metrics and status.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -59,6 +67,12 @@ pub struct PodPlan {
     /// Host-network pods are never touched: the agent refuses them.
     #[serde(default)]
     pub host_network: bool,
+    /// Sorted by destination. On the wire, grouped by link and impairment (`groups`, see `groups.rs`).
+    #[serde(
+        rename = "groups",
+        serialize_with = "crate::groups::serialize",
+        deserialize_with = "crate::groups::deserialize"
+    )]
     pub destinations: Vec<DestinationPlan>,
 }
 

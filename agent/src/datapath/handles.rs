@@ -40,7 +40,8 @@ pub const IPV4_HASH_TABLE: u32 = 0x100;
 pub const IPV6_HASH_TABLE: u32 = 0x101;
 
 /// One slot per destination; node ids are `slot + 1` and must fit the u32 node field (1..=0xfff).
-pub const MAX_DESTINATIONS: usize = 0xfff;
+pub const MAX_DESTINATIONS: usize = isthmus_agent_api::MAX_DESTINATIONS_PER_INTERFACE;
+const _: () = assert!(MAX_DESTINATIONS <= 0xfff);
 
 // Our tables must stay below the htids the kernel generates for each filter priority (0x800 and up).
 const _: () = assert!(IPV4_HASH_TABLE < 0x800 && IPV6_HASH_TABLE < 0x800);

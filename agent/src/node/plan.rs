@@ -133,13 +133,14 @@ fn identity_of(value: &serde_json::Value) -> (String, String, String) {
     (field("uid"), field("namespace"), field("name"))
 }
 
-/// The first destination of a pod entry whose impairment's fields are not a valid impairment, and why: serde's
-/// message names the field inside the impairment but not the destination.
+/// The first group of a pod entry whose impairment's fields are not a valid impairment, named by its first
+/// destination, and why: serde's message names the field inside the impairment but not the destination.
 fn invalid_impairment(pod: &serde_json::Value) -> Option<String> {
-    pod.get("destinations")?.as_array()?.iter().find_map(|entry| {
-        let fields = ImpairmentFields::deserialize(entry.get("impairment")?).ok()?;
+    pod.get("groups")?.as_array()?.iter().find_map(|group| {
+        let fields = ImpairmentFields::deserialize(group.get("impairment")?).ok()?;
         let error = Impairment::try_from(fields).err()?;
-        let destination = IpNet::deserialize(entry.get("destination")?).ok()?.trunc();
+        let first = group.get("destinations")?.as_array()?.first()?;
+        let destination = IpNet::deserialize(first).ok()?.trunc();
         Some(format!("destination {destination}: {error}"))
     })
 }
@@ -152,12 +153,12 @@ mod tests {
     fn plan_parses_pod_by_pod_and_shares_equal_links_and_impairments() {
         let destination = |ip: &str, rate: u64, link: &str| {
             serde_json::json!({
-                "destination": ip,
+                "destinations": [ip],
                 "impairment": {"rateBps": rate},
                 "link": {"namespace": "default", "name": link, "direction": "forward"},
             })
         };
-        let pod = |uid: &str, destinations: Vec<serde_json::Value>| serde_json::json!({"uid": uid, "namespace": "default", "name": uid, "ips": ["10.0.0.1"], "destinations": destinations});
+        let pod = |uid: &str, destinations: Vec<serde_json::Value>| serde_json::json!({"uid": uid, "namespace": "default", "name": uid, "ips": ["10.0.0.1"], "groups": destinations});
         let json = serde_json::json!({
             "node": "n",
             "version": 7,

@@ -18,7 +18,7 @@ use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
-use isthmus_agent_api::{CAPABILITIES_PATH, ErrorBody, OBSERVED_PATH, PLAN_PATH};
+use isthmus_agent_api::{CAPABILITIES_PATH, ErrorBody, MAX_PLAN_BYTES, OBSERVED_PATH, PLAN_PATH};
 use tokio::time::Instant;
 
 pub use listen::{Limits, Peer, PlainListener, TlsListener};
@@ -27,8 +27,6 @@ use crate::auth::Caller;
 use crate::metrics::Metrics;
 use crate::node::{ApplyError, Node, RawNodePlan};
 
-/// Large plans (100 pods × 100 destinations is about 2 MB of JSON) must fit.
-const MAX_PLAN_BYTES: usize = 64 << 20;
 /// The longest an API request may take, body included: above the operator's own request timeout, so that the
 /// operator gives up first and a stalled body upload cannot hold its connection for ever.
 const API_REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
