@@ -26,6 +26,8 @@ pub enum FailureReason {
     PodNotFound,
     /// The pod's IPs are in another pod's network namespace (reused IPs): nothing is shaped.
     NamespaceConflict,
+    /// The link, or the link for this pod, asks for more destinations than the operator's limits allow.
+    TooManyDestinations,
     InterfaceNotFound,
     ForeignQdisc,
     KernelUnsupported,
@@ -35,7 +37,7 @@ pub enum FailureReason {
 
 impl FailureReason {
     /// Every reason, in declaration order (for reading one back from its text).
-    pub const ALL: [FailureReason; 12] = [
+    pub const ALL: [FailureReason; 13] = [
         FailureReason::HostNetwork,
         FailureReason::AgentUnavailable,
         FailureReason::AgentUnreachable,
@@ -43,6 +45,7 @@ impl FailureReason {
         FailureReason::InvalidPlan,
         FailureReason::PodNotFound,
         FailureReason::NamespaceConflict,
+        FailureReason::TooManyDestinations,
         FailureReason::InterfaceNotFound,
         FailureReason::ForeignQdisc,
         FailureReason::KernelUnsupported,
@@ -59,6 +62,7 @@ impl FailureReason {
             FailureReason::InvalidPlan => "InvalidPlan",
             FailureReason::PodNotFound => "PodNotFound",
             FailureReason::NamespaceConflict => "NamespaceConflict",
+            FailureReason::TooManyDestinations => "TooManyDestinations",
             FailureReason::InterfaceNotFound => "InterfaceNotFound",
             FailureReason::ForeignQdisc => "ForeignQdisc",
             FailureReason::KernelUnsupported => "KernelUnsupported",
@@ -159,6 +163,7 @@ mod tests {
             (FailureReason::InvalidPlan, "InvalidPlan"),
             (FailureReason::PodNotFound, "PodNotFound"),
             (FailureReason::NamespaceConflict, "NamespaceConflict"),
+            (FailureReason::TooManyDestinations, "TooManyDestinations"),
             (FailureReason::InterfaceNotFound, "InterfaceNotFound"),
             (FailureReason::ForeignQdisc, "ForeignQdisc"),
             (FailureReason::KernelUnsupported, "KernelUnsupported"),

@@ -16,6 +16,7 @@ use isthmus_operator::controller::watch::AgentSelector;
 use isthmus_operator::controller::{self, Config, Context};
 use isthmus_operator::leader::{Election, LeaderConfig};
 use isthmus_operator::metrics::Metrics;
+use isthmus_operator::plan::{DEFAULT_DESTINATIONS_PER_LINK, DEFAULT_DESTINATIONS_PER_POD, PlanLimits};
 use isthmus_operator::telemetry::{self, HttpState, LogFormat};
 use kube::runtime::events::{Recorder, Reporter};
 
@@ -68,6 +69,14 @@ struct Args {
     metrics_addr: SocketAddr,
     #[arg(long, env = "ISTHMUS_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
+    /// Most destinations one NetworkLink may select (both directions together); a link beyond it is refused
+    /// whole with `TooManyDestinations` (docs/networklink.md#plan-limits).
+    #[arg(long, env = "ISTHMUS_MAX_DESTINATIONS_PER_LINK", default_value_t = DEFAULT_DESTINATIONS_PER_LINK)]
+    max_destinations_per_link: u32,
+    /// Most destinations one pod may have over all its links (at least the per-link limit, at most 4,095);
+    /// its links are admitted in rank order and the rest refused for that pod.
+    #[arg(long, env = "ISTHMUS_MAX_DESTINATIONS_PER_POD", default_value_t = DEFAULT_DESTINATIONS_PER_POD)]
+    max_destinations_per_pod: u32,
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -89,6 +98,7 @@ async fn main() -> anyhow::Result<()> {
         return uninstall(Duration::from_secs(timeout_seconds)).await;
     }
 
+    let config = args.controller_config()?;
     let agent_client = args.agent_client()?;
     let client = kube::Client::try_default().await.context("connecting to the Kubernetes API")?;
     let identity = args.identity();
@@ -109,7 +119,7 @@ async fn main() -> anyhow::Result<()> {
         client,
         metrics,
         agent_api: agent_client,
-        config: args.controller_config(),
+        config,
         leader: leadership.leader.clone(),
         ready,
     };
@@ -192,8 +202,10 @@ impl Args {
         Ok(Leadership { election: Some(election), leader, _fixed: None })
     }
 
-    fn controller_config(&self) -> Config {
-        Config {
+    fn controller_config(&self) -> anyhow::Result<Config> {
+        let limits = PlanLimits::new(self.max_destinations_per_link, self.max_destinations_per_pod)
+            .context("--max-destinations-per-link / --max-destinations-per-pod")?;
+        Ok(Config {
             agent_port: self.agent_port,
             agents: AgentSelector {
                 namespace: Some(self.agent_namespace.clone()).filter(|n| !n.is_empty()),
@@ -202,7 +214,8 @@ impl Args {
             dispatch: DispatchConfig { resync: Duration::from_secs(self.resync_seconds), backoff: Backoff::default() },
             cleanup_timeout: Duration::from_secs(self.cleanup_timeout_seconds),
             field_manager: "isthmus-operator".into(),
-        }
+            limits,
+        })
     }
 }
 

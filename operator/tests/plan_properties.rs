@@ -1,5 +1,6 @@
 //! Property tests of the plan over random worlds: event order does not matter, incremental updates equal a
-//! full recompute, and the invariants (security boundary, overlap rule, usable pods only) always hold.
+//! full recompute, and the invariants (security boundary, overlap rule, usable pods only, the plan limits)
+//! always hold — within the default limits and within limits small enough to refuse links.
 
 mod support;
 
@@ -8,8 +9,9 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 use isthmus_operator::api::{NetworkLinkSpec, ServiceInclusion};
+use isthmus_operator::failure::FailureReason;
 use isthmus_operator::index::{Labels, LinkInfo, ObjectKey, PodInfo, ServiceInfo};
-use isthmus_operator::plan::{Planner, compute, resolve_link};
+use isthmus_operator::plan::{PlanLimits, Planner, compute_with, resolve_link};
 use proptest::prelude::*;
 use support::*;
 
@@ -149,8 +151,31 @@ fn final_state(events: &[Event]) -> Vec<Event> {
         .collect()
 }
 
+/// The default limits, or limits a handful of pods exceed.
+fn limits() -> impl Strategy<Value = PlanLimits> {
+    prop_oneof![
+        Just(PlanLimits::DEFAULT),
+        (1u32..8, 0u32..3).prop_map(|(per_link, more)| PlanLimits::new(per_link, per_link + more).unwrap()),
+    ]
+}
+
+/// Whether the link is left out for this pod by the per-pod limit.
+fn refused_for(p: &Planner, link: &ObjectKey, pod: &ObjectKey) -> bool {
+    p.link_facts(link)
+        .is_some_and(|f| f.exclusions.iter().any(|e| &e.pod == pod && e.reason == FailureReason::TooManyDestinations))
+}
+
 fn check_invariants(p: &Planner) -> Result<(), TestCaseError> {
     let index = p.index();
+    let limits = p.limits();
+    for (lk, info) in &index.links {
+        let facts = p.link_facts(lk).expect("every link has facts");
+        let res = resolve_link(index, lk, info, &limits);
+        prop_assert_eq!(facts.refusal.is_some(), facts.destinations > limits.per_link(), "{}", lk);
+        if facts.refusal.is_some() {
+            prop_assert!(res.forward.is_none() && res.reverse.is_none() && facts.pairs == 0, "{} refused", lk);
+        }
+    }
     for plan in p.node_plans() {
         prop_assert!(!plan.pods.is_empty());
         for pod in &plan.pods {
@@ -161,6 +186,7 @@ fn check_invariants(p: &Planner) -> Result<(), TestCaseError> {
             prop_assert_eq!(&info.uid, &pod.uid);
             prop_assert_eq!(&info.ips, &pod.ips);
             prop_assert!(!pod.destinations.is_empty());
+            prop_assert!(pod.destinations.len() <= limits.per_pod() as usize, "{key}: beyond the per-pod limit");
             for w in pod.destinations.windows(2) {
                 prop_assert!(w[0].destination < w[1].destination, "destinations sorted and unique");
             }
@@ -171,10 +197,10 @@ fn check_invariants(p: &Planner) -> Result<(), TestCaseError> {
                 // Overlap rule: no link covering this pair ranks better than the winner.
                 let winner = &index.links[&ObjectKey::new(&d.link.namespace, &d.link.name)].rank;
                 for (lk, info) in &index.links {
-                    let res = resolve_link(index, lk, info);
+                    let res = resolve_link(index, lk, info, &limits);
                     let covers = res.forward.iter().chain(res.reverse.iter()).any(|side| {
                         side.sources.iter().any(|s| s.key == key) && side.destinations.contains(&d.destination)
-                    });
+                    }) && !refused_for(p, lk, &key);
                     if covers {
                         prop_assert!(winner.sort_key() <= info.rank.sort_key(), "{} beats winner {}", lk, d.link.name);
                     }
@@ -193,12 +219,13 @@ proptest! {
     fn event_order_does_not_matter(
         (world, shuffled) in prop::collection::vec(event(), 0..40)
             .prop_map(|events| final_state(&events))
-            .prop_flat_map(|w| (Just(w.clone()), Just(w).prop_shuffle()))
+            .prop_flat_map(|w| (Just(w.clone()), Just(w).prop_shuffle())),
+        limits in limits(),
     ) {
-        let mut a = Planner::new();
+        let mut a = Planner::with_limits(limits);
         for e in &world { e.apply(&mut a); }
         a.recompute();
-        let mut b = Planner::new();
+        let mut b = Planner::with_limits(limits);
         for e in &shuffled { e.apply(&mut b); }
         b.recompute();
         prop_assert_eq!(a.snapshot(), b.snapshot());
@@ -208,18 +235,19 @@ proptest! {
     /// Recomputing after any subset of events gives exactly what a full computation gives.
     #[test]
     fn incremental_equals_full(
-        events in prop::collection::vec((event(), prop::bool::weighted(0.5)), 0..60)
+        events in prop::collection::vec((event(), prop::bool::weighted(0.5)), 0..60),
+        limits in limits(),
     ) {
-        let mut p = Planner::new();
+        let mut p = Planner::with_limits(limits);
         for (e, recompute_now) in &events {
             e.apply(&mut p);
             if *recompute_now {
                 p.recompute();
-                prop_assert_eq!(p.snapshot(), compute(p.index().clone()).snapshot());
+                prop_assert_eq!(p.snapshot(), compute_with(p.index().clone(), limits).snapshot());
             }
         }
         p.recompute();
-        prop_assert_eq!(p.snapshot(), compute(p.index().clone()).snapshot());
+        prop_assert_eq!(p.snapshot(), compute_with(p.index().clone(), limits).snapshot());
         check_invariants(&p)?;
     }
 }

@@ -101,7 +101,11 @@ refuse "operator" --set operator.replicas=two
 refuse "uninstall.timeoutSeconds (120) must be above operator.cleanupTimeoutSeconds (120)" --set uninstall.timeoutSeconds=120
 refuse "bytesPerDestination" --set agent.queue.bytesPerDestination=1000
 refuse "bytesPerPod" --set agent.queue.bytesPerPod=6199829
-step "values.schema.json and the templates refuse 13 bad values, naming the field"
+refuse "destinationsPerPod" --set operator.limits.destinationsPerPod=4096
+refuse "destinationsPerLink" --set operator.limits.destinationsPerLink=0
+refuse "operator.limits.destinationsPerPod (100) must be at least operator.limits.destinationsPerLink (512)" \
+  --set operator.limits.destinationsPerPod=100
+step "values.schema.json and the templates refuse 16 bad values, naming the field"
 
 [ "${CHART_LINT_SKIP_CLUSTER:-}" = 1 ] && { step "cluster checks skipped (CHART_LINT_SKIP_CLUSTER=1)"; exit 0; }
 

@@ -34,7 +34,7 @@ use tokio::sync::mpsc;
 
 use crate::index::ObjectKey;
 use crate::metrics::Metrics;
-use crate::plan::Planner;
+use crate::plan::{PlanLimits, Planner};
 use agent::AgentApi;
 use agents::AgentPod;
 use cleanup::PendingCleanup;
@@ -55,6 +55,8 @@ pub struct Config {
     pub cleanup_timeout: Duration,
     /// Field manager of status writes (server-side apply).
     pub field_manager: String,
+    /// How many destinations a link and a pod may have.
+    pub limits: PlanLimits,
 }
 
 /// What the controller needs from the outside world.
@@ -153,8 +155,8 @@ impl Controller {
             metrics: ctx.metrics.clone(),
         };
         Controller {
+            planner: Planner::with_limits(ctx.config.limits),
             ctx,
-            planner: Planner::new(),
             agents: BTreeMap::new(),
             nodes: BTreeSet::new(),
             links: BTreeMap::new(),

@@ -1,13 +1,14 @@
 //! What the plan knows about one link, for its status: counts, overlaps and exclusions.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
-use ipnet::IpNet;
 use isthmus_agent_api::NodePlan;
 
+use super::limits::Refusal;
 use super::planner::Planner;
 use super::resolve::Exclusion;
 use crate::api::{SpecError, Summary};
+use crate::failure::FailureReason;
 use crate::index::ObjectKey;
 
 /// Another link sharing pairs with this one.
@@ -25,6 +26,8 @@ pub struct LinkFacts {
     pub from_summary: String,
     pub to_summary: String,
     pub error: Option<SpecError>,
+    /// Set when the whole link is refused for asking more than the limits allow (nothing is planned for it).
+    pub refusal: Option<Refusal>,
     pub summary: Option<Summary>,
     /// Distinct pods whose egress the link shapes (both directions).
     pub source_pods: u32,
@@ -50,6 +53,7 @@ impl LinkFacts {
                     "{reason}; the operator cannot read this link and applies nothing for it until it is fixed"
                 ),
             }),
+            refusal: None,
             summary: None,
             source_pods: 0,
             destinations: 0,
@@ -66,15 +70,23 @@ impl Planner {
         let res = self.resolutions.get(key)?;
         let mut pairs = 0;
         let mut overlaps: BTreeMap<&ObjectKey, (u32, u32)> = BTreeMap::new();
+        let mut exclusions = res.exclusions.clone();
         let source_pods = res.source_pods();
         for pod in &source_pods {
-            let stats = self
-                .pod_nodes
-                .get(*pod)
+            let node = self.pod_nodes.get(*pod);
+            let stats = node
                 .and_then(|n| self.nodes.get(n))
                 .and_then(|s| s.link_stats.get(*pod))
                 .and_then(|per_link| per_link.get(key));
             if let Some(stats) = stats {
+                if let Some(refusal) = &stats.refused {
+                    exclusions.push(Exclusion {
+                        pod: (*pod).clone(),
+                        node: node.cloned(),
+                        reason: FailureReason::TooManyDestinations,
+                        message: refusal.message(),
+                    });
+                }
                 pairs += stats.pairs;
                 for (other, (won, lost)) in &stats.overlaps {
                     let e = overlaps.entry(other).or_default();
@@ -83,22 +95,25 @@ impl Planner {
                 }
             }
         }
-        let destinations: BTreeSet<&IpNet> = res.sides().flat_map(|(_, s)| s.destinations.iter()).collect();
         let info = self.index.links.get(key)?;
         Some(LinkFacts {
             generation: info.generation,
             from_summary: info.from_summary.clone(),
             to_summary: info.to_summary.clone(),
             error: res.error.clone(),
+            refusal: res.refusal,
             summary: res.summary.clone(),
             source_pods: source_pods.len() as u32,
-            destinations: destinations.len() as u32,
+            destinations: res.destination_count(),
             pairs,
             overlaps: overlaps
                 .into_iter()
                 .map(|(link, (won, lost))| Overlap { link: link.clone(), won, lost })
                 .collect(),
-            exclusions: res.exclusions.clone(),
+            exclusions: {
+                exclusions.sort();
+                exclusions
+            },
         })
     }
 

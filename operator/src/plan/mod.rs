@@ -15,11 +15,13 @@
 
 mod events;
 mod facts;
+mod limits;
 mod planner;
 mod resolve;
 mod winner;
 
 pub use facts::{LinkFacts, Overlap};
-pub use planner::{Changes, Planner, compute};
+pub use limits::{DEFAULT_DESTINATIONS_PER_LINK, DEFAULT_DESTINATIONS_PER_POD, PlanLimits, PlanLimitsError, Refusal};
+pub use planner::{Changes, Planner, compute, compute_with};
 pub use resolve::{EndpointMemo, Exclusion, Resolution, Side, Source, host_network, resolve_link};
 pub use winner::{LinkStats, PodOutput, compute_pod};

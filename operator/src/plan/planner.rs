@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use isthmus_agent_api::{NodePlan, PodPlan};
 
+use super::limits::PlanLimits;
 use super::resolve::{EndpointMemo, Resolution, mark_changed_sources, resolve_link_with};
 use super::winner::{LinkStats, PodOutput, compute_pod};
 use crate::index::{Index, ObjectKey};
@@ -40,6 +41,7 @@ pub struct Changes {
 /// The index plus cached resolutions and node plans, updated incrementally.
 #[derive(Debug, Clone, Default)]
 pub struct Planner {
+    pub(super) limits: PlanLimits,
     pub(super) index: Index,
     pub(super) resolutions: BTreeMap<ObjectKey, Resolution>,
     /// Source pod → the links that list it as a source (either direction).
@@ -53,16 +55,32 @@ pub struct Planner {
     pub(super) selection_changed: bool,
 }
 
-/// Computes every plan from scratch.
+/// Computes every plan from scratch, within the default limits.
 pub fn compute(index: Index) -> Planner {
-    let mut planner = Planner { dirty_links: index.links.keys().cloned().collect(), index, ..Default::default() };
+    compute_with(index, PlanLimits::DEFAULT)
+}
+
+/// Computes every plan from scratch.
+pub fn compute_with(index: Index, limits: PlanLimits) -> Planner {
+    let mut planner = Planner::with_limits(limits);
+    planner.dirty_links = index.links.keys().cloned().collect();
+    planner.index = index;
     planner.recompute();
     planner
 }
 
 impl Planner {
+    /// An empty planner within the default limits.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    pub fn with_limits(limits: PlanLimits) -> Self {
+        Planner { limits, ..Self::default() }
+    }
+
+    pub fn limits(&self) -> PlanLimits {
+        self.limits
     }
 
     pub fn index(&self) -> &Index {
@@ -89,8 +107,11 @@ impl Planner {
         let mut changed_links: BTreeSet<ObjectKey> = BTreeSet::new();
         let mut memo = EndpointMemo::default();
         for link_key in std::mem::take(&mut self.dirty_links) {
-            let new =
-                self.index.links.get(&link_key).map(|info| resolve_link_with(&self.index, &link_key, info, &mut memo));
+            let new = self
+                .index
+                .links
+                .get(&link_key)
+                .map(|info| resolve_link_with(&self.index, &link_key, info, &self.limits, &mut memo));
             let old = self.resolutions.remove(&link_key);
             if old == new {
                 if let Some(old) = old {
@@ -128,7 +149,8 @@ impl Planner {
         changed_links: &mut BTreeSet<ObjectKey>,
     ) {
         let links = self.pod_links.get(&pod);
-        let out = compute_pod(&pod, links.into_iter().flatten().filter_map(|k| self.resolutions.get_key_value(k)));
+        let resolutions = links.into_iter().flatten().filter_map(|k| self.resolutions.get_key_value(k));
+        let out = compute_pod(&pod, resolutions, self.limits.per_pod());
         if self.entry_unchanged(&pod, out.as_ref()) {
             return;
         }

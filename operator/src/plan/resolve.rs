@@ -8,6 +8,7 @@ use ipnet::IpNet;
 use isthmus_agent_api::{Direction, Impairment};
 use kube::core::{Selector, SelectorExt};
 
+use super::limits::{PlanLimits, Refusal};
 use crate::api::{ServiceInclusion, SpecError, Summary};
 use crate::failure::FailureReason;
 use crate::index::{Index, LinkInfo, ObjectKey, PodInfo, Rank, ServiceInfo};
@@ -51,6 +52,8 @@ pub struct Resolution {
     pub rank: Rank,
     pub error: Option<SpecError>,
     pub summary: Option<Summary>,
+    /// Set when the link asks for more than the limits allow; it then has no sides.
+    pub refusal: Option<Refusal>,
     pub forward: Option<Side>,
     pub reverse: Option<Side>,
     /// Sorted by pod.
@@ -65,6 +68,7 @@ impl Resolution {
             rank,
             error: None,
             summary: None,
+            refusal: None,
             forward: None,
             reverse: None,
             exclusions: Vec::new(),
@@ -74,6 +78,17 @@ impl Resolution {
 
     pub(super) fn sides(&self) -> impl Iterator<Item = (Direction, &Side)> {
         self.forward.iter().map(|s| (Direction::Forward, s)).chain(self.reverse.iter().map(|s| (Direction::Reverse, s)))
+    }
+
+    /// Distinct destinations of both directions; for a refused link, the count it was refused for.
+    pub(super) fn destination_count(&self) -> u32 {
+        if let Some(Refusal::LinkDestinations { destinations, .. }) = self.refusal {
+            return destinations;
+        }
+        match (&self.forward, &self.reverse) {
+            (Some(f), None) => f.destinations.len() as u32,
+            _ => self.sides().flat_map(|(_, s)| s.destinations.iter()).collect::<BTreeSet<_>>().len() as u32,
+        }
     }
 
     /// Every source pod of either direction.
@@ -123,14 +138,15 @@ impl EndpointMemo {
 }
 
 /// Resolves one link against the index. Only pods in the link's own namespace ever become sources.
-pub fn resolve_link(index: &Index, key: &ObjectKey, info: &LinkInfo) -> Resolution {
-    resolve_link_with(index, key, info, &mut EndpointMemo::default())
+pub fn resolve_link(index: &Index, key: &ObjectKey, info: &LinkInfo, limits: &PlanLimits) -> Resolution {
+    resolve_link_with(index, key, info, limits, &mut EndpointMemo::default())
 }
 
 pub(super) fn resolve_link_with(
     index: &Index,
     key: &ObjectKey,
     info: &LinkInfo,
+    limits: &PlanLimits,
     memo: &mut EndpointMemo,
 ) -> Resolution {
     let mut res = Resolution::unresolved(info.rank.clone());
@@ -171,6 +187,12 @@ pub(super) fn resolve_link_with(
         });
     }
     res.exclusions = exclusions.into_iter().collect();
+    let destinations = res.destination_count();
+    if destinations > limits.per_link() {
+        res.refusal = Some(Refusal::LinkDestinations { destinations, limit: limits.per_link() });
+        res.forward = None;
+        res.reverse = None;
+    }
     res
 }
 

@@ -1,6 +1,7 @@
 //! The overlap rule: where several links give one source pod the same destination, one of them wins the pair —
 //! higher priority, then older, then name; forward before reverse within one link — and every link involved
-//! counts the pairs it won and lost.
+//! counts the pairs it won and lost. Before the contest, the pod's links are admitted in the same rank order
+//! while the pod's destinations stay within the per-pod limit (limits.rs).
 
 use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
@@ -8,6 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use ipnet::IpNet;
 use isthmus_agent_api::{DestinationPlan, Direction, Impairment, LinkRef, PodPlan, default_interface};
 
+use super::limits::Refusal;
 use super::resolve::{Resolution, Source};
 use crate::index::{ObjectKey, Rank};
 
@@ -18,6 +20,8 @@ pub struct LinkStats {
     pub pairs: u32,
     /// Other link → (pairs won against it, pairs lost to it).
     pub overlaps: BTreeMap<ObjectKey, (u32, u32)>,
+    /// Set when the link is left out for this pod.
+    pub refused: Option<Refusal>,
 }
 
 /// One source pod's plan and the per-link counts behind it.
@@ -44,18 +48,21 @@ impl Candidate<'_> {
 /// Per destination: the first candidate seen and the others.
 type Contest<'a> = BTreeMap<IpNet, (Candidate<'a>, Vec<Candidate<'a>>)>;
 
-/// Computes one source pod's plan from the resolutions of the links that list it as a source; `None` when it
-/// has no destination.
+/// Computes one source pod's plan from the resolutions of the links that list it as a source, with at most
+/// `per_pod` destinations; `None` when it has no destination.
 pub fn compute_pod<'a>(
     pod: &ObjectKey,
     links: impl Iterator<Item = (&'a ObjectKey, &'a Resolution)>,
+    per_pod: u32,
 ) -> Option<PodOutput> {
-    let (source, dests) = candidates(pod, links);
+    let mut link_stats: BTreeMap<ObjectKey, LinkStats> = BTreeMap::new();
+    let (source, dests) = candidates(pod, links, per_pod, &mut link_stats);
     let source = source?;
     if dests.is_empty() {
+        // A refusal needs an admitted link with more destinations than the refused one can add: never empty.
+        debug_assert!(link_stats.is_empty(), "refusals without an admitted link: {link_stats:?}");
         return None;
     }
-    let mut link_stats: BTreeMap<ObjectKey, LinkStats> = BTreeMap::new();
     let mut destinations = Vec::with_capacity(dests.len());
     for (dest, (first, others)) in dests {
         let winner = others.iter().fold(&first, |best, c| if c.beats(best) { c } else { best });
@@ -85,14 +92,21 @@ pub fn compute_pod<'a>(
     })
 }
 
-/// The pod as a source (from the first link that lists it) and every link's claim on each of its destinations.
+/// The pod as a source (from the first link that lists it) and each admitted link's claim on each of its
+/// destinations. Links are admitted in rank order while the pod's distinct destinations stay within `per_pod`;
+/// each link left out gets its refusal in `stats`.
 fn candidates<'a>(
     pod: &ObjectKey,
     links: impl Iterator<Item = (&'a ObjectKey, &'a Resolution)>,
+    per_pod: u32,
+    stats: &mut BTreeMap<ObjectKey, LinkStats>,
 ) -> (Option<&'a Source>, Contest<'a>) {
+    let mut links: Vec<(&ObjectKey, &Resolution)> = links.collect();
+    links.sort_by(|(ka, a), (kb, b)| (a.rank.sort_key(), *ka).cmp(&(b.rank.sort_key(), *kb)));
     let mut source: Option<&Source> = None;
     let mut dests: Contest<'a> = BTreeMap::new();
     for (link, res) in links {
+        let mut claims: Vec<(IpNet, Candidate<'a>)> = Vec::new();
         for (direction, side) in res.sides() {
             let Some(src) = side.source(pod) else { continue };
             source.get_or_insert(src);
@@ -101,13 +115,22 @@ fn candidates<'a>(
                 if dest.prefix_len() == dest.max_prefix_len() && src.ips.contains(&dest.addr()) {
                     continue;
                 }
-                let cand = Candidate { link, rank: &res.rank, direction, impairment: &side.impairment };
-                match dests.entry(*dest) {
-                    Entry::Vacant(v) => {
-                        v.insert((cand, Vec::new()));
-                    }
-                    Entry::Occupied(mut o) => o.get_mut().1.push(cand),
+                claims.push((*dest, Candidate { link, rank: &res.rank, direction, impairment: &side.impairment }));
+            }
+        }
+        let added: BTreeSet<&IpNet> = claims.iter().map(|(d, _)| d).filter(|d| !dests.contains_key(*d)).collect();
+        let total = dests.len() + added.len();
+        if total > per_pod as usize {
+            let refusal = Refusal::PodDestinations { destinations: total as u32, limit: per_pod };
+            stats.entry(link.clone()).or_default().refused = Some(refusal);
+            continue;
+        }
+        for (dest, cand) in claims {
+            match dests.entry(dest) {
+                Entry::Vacant(v) => {
+                    v.insert((cand, Vec::new()));
                 }
+                Entry::Occupied(mut o) => o.get_mut().1.push(cand),
             }
         }
     }

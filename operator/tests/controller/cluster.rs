@@ -146,6 +146,7 @@ fn start_full(
             dispatch: DispatchConfig { resync: Duration::from_secs(60), backoff: Backoff::default() },
             cleanup_timeout,
             field_manager: "isthmus-operator".into(),
+            limits: Default::default(),
         },
         leader,
         ready: Arc::new(AtomicBool::new(false)),
@@ -228,7 +229,8 @@ pub async fn event_reasons(client: &Client, ns: &str, link: &str) -> Vec<String>
 /// `--netns-dirs`), so it answers every pod with `PodNotFound` and can touch nothing on this machine.
 pub struct RealAgent {
     child: std::process::Child,
-    dir: std::path::PathBuf,
+    /// Its TLS files (`agent-tls`, `operator-tls`) and logs.
+    pub dir: std::path::PathBuf,
     pub port: u16,
     pub client: Arc<AgentClient>,
 }

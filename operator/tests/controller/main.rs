@@ -9,6 +9,7 @@
 
 mod cluster;
 mod gate;
+mod limits;
 mod unreadable;
 
 use std::time::Duration;

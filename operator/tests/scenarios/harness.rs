@@ -63,6 +63,7 @@ impl Scenario {
                 dispatch,
                 cleanup_timeout: Duration::from_secs(60),
                 field_manager: "isthmus-operator".into(),
+                limits: Default::default(),
             },
             leader: leader_rx,
             ready: ready.clone(),

@@ -7,6 +7,7 @@ mod agent;
 mod apiserver;
 mod gates;
 mod harness;
+mod limits;
 #[path = "../support/mod.rs"]
 mod support;
 

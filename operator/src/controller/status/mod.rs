@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use crate::api::{MAX_STATUS_FAILURES, MAX_STATUS_OVERLAPS, NetworkLinkStatus, OverlapStatus, PodFailure};
+use crate::failure::FailureReason;
 use crate::plan::LinkFacts;
 
 mod progress;
@@ -94,6 +95,10 @@ fn conditions(facts: &LinkFacts, status: &NetworkLinkStatus, total_failures: usi
         let message = format!("{}: {}", err.field, err.message);
         conditions.push(cond(READY, false, "InvalidSpec", &message));
         conditions.push(cond(DEGRADED, true, "InvalidSpec", &message));
+    } else if let Some(refusal) = &facts.refusal {
+        let reason = FailureReason::TooManyDestinations.as_str();
+        conditions.push(cond(READY, false, reason, &refusal.message()));
+        conditions.push(cond(DEGRADED, true, reason, &refusal.message()));
     } else {
         let (pairs, applied, failed) = (status.pairs, status.pairs_applied, status.pairs_failed);
         conditions.push(if pairs == 0 {
@@ -165,6 +170,7 @@ mod tests {
             from_summary: "app=a".into(),
             to_summary: "app=b".into(),
             error: None,
+            refusal: None,
             summary: None,
             source_pods: 2,
             destinations: 2,

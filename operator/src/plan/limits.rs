@@ -1,0 +1,125 @@
+//! How large the plan may grow: destinations per link and per pod. Pure.
+//!
+//! Why: a link whose selectors match every pod of every namespace asks for `pods × destinations` pairs, which
+//! the operator would hold in memory and send to every node. The limits bound what one link can ask for and
+//! what one pod's interface can carry, so that one tenant's link cannot exhaust the operator or a node's
+//! agent, and every node plan stays far below the agent's body limit (docs/networklink.md#plan-limits):
+//! - a link selecting more destinations (both directions together) than `per_link` is refused whole: nothing is
+//!   planned for it and its status says `TooManyDestinations`;
+//! - a pod's links are admitted in rank order (the overlap rule's) while the pod's distinct destinations stay
+//!   within `per_pod`; a link that would take the pod beyond it is refused for that pod only, and the pod is a
+//!   `TooManyDestinations` failure in that link's status. Links already in place keep their pairs when a
+//!   lower-ranked link arrives.
+//!
+//! `per_pod ≥ per_link` so that a pod's highest-ranked link always fits.
+
+use isthmus_agent_api::MAX_DESTINATIONS_PER_INTERFACE;
+
+/// Default most destinations of one link (both directions together).
+pub const DEFAULT_DESTINATIONS_PER_LINK: u32 = 512;
+/// Default most destinations of one pod (all its links together).
+pub const DEFAULT_DESTINATIONS_PER_POD: u32 = 512;
+
+/// The plan's size limits, checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlanLimits {
+    per_link: u32,
+    per_pod: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanLimitsError {
+    #[error("destinations per link: 0 would refuse every link")]
+    ZeroPerLink,
+    #[error(
+        "destinations per pod: {per_pod} is beyond the {MAX_DESTINATIONS_PER_INTERFACE} destinations an agent can \
+         install on one interface"
+    )]
+    PerPodBeyondAgent { per_pod: u32 },
+    #[error(
+        "destinations per pod: {per_pod} is less than destinations per link ({per_link}): a pod's highest-ranked \
+         link must always fit"
+    )]
+    PerPodBelowPerLink { per_pod: u32, per_link: u32 },
+}
+
+impl Default for PlanLimits {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+impl PlanLimits {
+    pub const DEFAULT: PlanLimits =
+        PlanLimits { per_link: DEFAULT_DESTINATIONS_PER_LINK, per_pod: DEFAULT_DESTINATIONS_PER_POD };
+
+    pub fn new(per_link: u32, per_pod: u32) -> Result<Self, PlanLimitsError> {
+        if per_link == 0 {
+            return Err(PlanLimitsError::ZeroPerLink);
+        }
+        if per_pod as usize > MAX_DESTINATIONS_PER_INTERFACE {
+            return Err(PlanLimitsError::PerPodBeyondAgent { per_pod });
+        }
+        if per_pod < per_link {
+            return Err(PlanLimitsError::PerPodBelowPerLink { per_pod, per_link });
+        }
+        Ok(Self { per_link, per_pod })
+    }
+
+    pub fn per_link(&self) -> u32 {
+        self.per_link
+    }
+
+    pub fn per_pod(&self) -> u32 {
+        self.per_pod
+    }
+}
+
+/// Why a link, or a link for one pod, is left out of the plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Refusal {
+    /// The link selects `destinations` (both directions together), more than `limit` per link.
+    LinkDestinations { destinations: u32, limit: u32 },
+    /// With this link the pod would have `destinations`, more than `limit` per pod.
+    PodDestinations { destinations: u32, limit: u32 },
+}
+
+impl Refusal {
+    /// The status message, naming the limit and the chart value that sets it.
+    pub fn message(&self) -> String {
+        match *self {
+            Refusal::LinkDestinations { destinations, limit } => format!(
+                "the link selects {destinations} destinations, more than the limit of {limit} per link \
+                 (operator.limits.destinationsPerLink); nothing is applied for it"
+            ),
+            Refusal::PodDestinations { destinations, limit } => format!(
+                "with this link the pod would have {destinations} destinations, more than the limit of {limit} per \
+                 pod (operator.limits.destinationsPerPod); its higher-ranked links keep theirs, this one is left out"
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_are_checked() {
+        assert_eq!(PlanLimits::new(512, 512), Ok(PlanLimits::DEFAULT));
+        assert_eq!(PlanLimits::new(0, 10), Err(PlanLimitsError::ZeroPerLink));
+        assert_eq!(PlanLimits::new(10, 9), Err(PlanLimitsError::PerPodBelowPerLink { per_pod: 9, per_link: 10 }));
+        let beyond = MAX_DESTINATIONS_PER_INTERFACE as u32 + 1;
+        let err = PlanLimits::new(10, beyond).unwrap_err();
+        assert!(err.to_string().contains("destinations per pod") && err.to_string().contains("4095"), "{err}");
+        assert!(PlanLimits::new(4095, 4095).is_ok());
+    }
+
+    #[test]
+    fn messages_name_the_limit_and_its_value() {
+        let link = Refusal::LinkDestinations { destinations: 5000, limit: 1000 }.message();
+        assert!(link.contains("5000") && link.contains("1000") && link.contains("destinationsPerLink"), "{link}");
+        let pod = Refusal::PodDestinations { destinations: 1001, limit: 1000 }.message();
+        assert!(pod.contains("1001") && pod.contains("destinationsPerPod"), "{pod}");
+    }
+}
