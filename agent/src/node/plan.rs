@@ -193,4 +193,131 @@ mod tests {
             other => panic!("expected a malformed pod, got {other:?}"),
         }
     }
+
+    mod decoding {
+        //! The plan decoder against input it was not written for: arbitrary bytes, damaged plans and plans of
+        //! the right shape with values of the wrong kind. It never panics; a plan that parses has every pod either
+        //! valid (destinations sorted) or malformed with a message.
+
+        use isthmus_agent_api::test_util;
+        use proptest::prelude::*;
+
+        use super::*;
+
+        fn plan(pods: usize, destinations: usize) -> Vec<u8> {
+            let pods = (0..pods)
+                .map(|p| {
+                    let dests = (0..destinations)
+                        .map(|d| {
+                            let ip = std::net::IpAddr::from([10, 1, p as u8, d as u8]);
+                            let impairment = test_util::rate(1_000_000 * (1 + d as u64 % 3));
+                            test_util::destination(ip, impairment, test_util::link(&format!("l{}", d % 2)))
+                        })
+                        .collect();
+                    test_util::pod(&format!("u{p}"), &format!("p{p}"), &["10.0.0.1".parse().unwrap()], dests)
+                })
+                .collect();
+            serde_json::to_vec(&NodePlan { node: "n".into(), version: 3, pods }).unwrap()
+        }
+
+        fn check(plan: &RawNodePlan) -> Result<(), TestCaseError> {
+            for pod in &plan.pods {
+                match pod {
+                    PlanPod::Valid { destinations, .. } => {
+                        prop_assert!(destinations.windows(2).all(|w| w[0].0 <= w[1].0), "sorted");
+                    }
+                    PlanPod::Malformed { message, .. } => prop_assert!(!message.is_empty()),
+                }
+            }
+            Ok(())
+        }
+
+        /// Any JSON value, nested a few levels, with the keys a plan uses among others.
+        fn json() -> impl Strategy<Value = serde_json::Value> {
+            let key = prop_oneof![
+                Just("node"),
+                Just("version"),
+                Just("pods"),
+                Just("uid"),
+                Just("namespace"),
+                Just("name"),
+                Just("ips"),
+                Just("groups"),
+                Just("link"),
+                Just("impairment"),
+                Just("destinations"),
+                Just("rateBps"),
+                Just("latency"),
+                Just("direction"),
+                Just("x"),
+            ];
+            let leaf = prop_oneof![
+                Just(serde_json::Value::Null),
+                any::<bool>().prop_map(serde_json::Value::from),
+                any::<i64>().prop_map(serde_json::Value::from),
+                any::<f64>().prop_map(serde_json::Value::from),
+                "[a-z0-9./:]{0,12}".prop_map(serde_json::Value::from),
+            ];
+            leaf.prop_recursive(5, 64, 6, move |inner| {
+                prop_oneof![
+                    prop::collection::vec(inner.clone(), 0..6).prop_map(serde_json::Value::from),
+                    prop::collection::btree_map(key.clone(), inner, 0..6).prop_map(|m| {
+                        serde_json::Value::Object(m.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
+                    }),
+                ]
+            })
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(2048))]
+
+            #[test]
+            fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
+                if let Ok(plan) = RawNodePlan::from_json(&bytes) {
+                    check(&plan)?;
+                }
+            }
+
+            /// A valid plan with bytes overwritten, cut short or spliced.
+            #[test]
+            fn damaged_plans_never_panic(
+                pods in 1usize..4,
+                destinations in 1usize..5,
+                edits in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
+                cut in any::<prop::sample::Index>(),
+                truncate in any::<bool>(),
+            ) {
+                let mut bytes = plan(pods, destinations);
+                for (at, byte) in edits {
+                    let i = at.index(bytes.len());
+                    bytes[i] = byte;
+                }
+                if truncate {
+                    bytes.truncate(cut.index(bytes.len()));
+                }
+                if let Ok(plan) = RawNodePlan::from_json(&bytes) {
+                    check(&plan)?;
+                }
+            }
+
+            /// Plan-shaped JSON with values of any kind: pods that do not read are malformed, never a panic.
+            #[test]
+            fn plan_shaped_json_never_panics(pods in prop::collection::vec(json(), 0..4), version in any::<u64>()) {
+                let value = serde_json::json!({"node": "n", "version": version, "pods": pods});
+                let plan = RawNodePlan::from_json(value.to_string().as_bytes());
+                let plan = plan.expect("the envelope is valid; only its pods may not be");
+                prop_assert_eq!(plan.pods.len(), pods.len());
+                check(&plan)?;
+            }
+        }
+
+        #[test]
+        fn an_undamaged_plan_reads_back_whole() {
+            let plan = RawNodePlan::from_json(&plan(3, 4)).unwrap();
+            assert_eq!(plan.pods.len(), 3);
+            assert!(
+                plan.pods.iter().all(|p| matches!(p, PlanPod::Valid { destinations, .. } if destinations.len() == 4))
+            );
+        }
+    }
 }

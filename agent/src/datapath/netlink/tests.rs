@@ -553,6 +553,42 @@ proptest! {
         let _ = decode_class(&message);
     }
 
+    /// A dump reply as the kernel (or a corrupted buffer) could hand it over: a valid message of every object kind
+    /// with bytes overwritten or cut short, through the whole read path (netlink-packet-route's parser, then
+    /// ours). Parsing and decoding return errors; nothing panics.
+    #[test]
+    fn damaged_messages_never_panic(
+        object in prop_oneof![
+            arb_qdisc().prop_map(|q| Operation::Add(TcObject::Qdisc(q))),
+            arb_class().prop_map(|c| Operation::Add(TcObject::Class(c))),
+            arb_filter().prop_map(|f| Operation::Add(TcObject::Filter(f))),
+        ],
+        edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..6),
+        cut in proptest::option::of(any::<prop::sample::Index>()),
+    ) {
+        let Ok(message) = encode(&object, 7) else { return Ok(()) };
+        let mut bytes = vec![0; message.buffer_len()];
+        message.serialize(&mut bytes);
+        for (at, byte) in edits {
+            let i = at.index(bytes.len());
+            bytes[i] = byte;
+        }
+        if let Some(cut) = cut {
+            bytes.truncate(cut.index(bytes.len()));
+        }
+        let Ok(parsed) = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&bytes) else { return Ok(()) };
+        if let NetlinkPayload::InnerMessage(
+            RouteNetlinkMessage::NewQueueDiscipline(m)
+            | RouteNetlinkMessage::NewTrafficClass(m)
+            | RouteNetlinkMessage::NewTrafficFilter(m),
+        ) = parsed.payload
+        {
+            let _ = decode_qdisc(&m);
+            let _ = decode_class(&m);
+            let _ = decode_filter(&m);
+        }
+    }
+
     #[test]
     fn parsing_arbitrary_errors_never_panics(mut raw in proptest::collection::vec(any::<u8>(), 0..120), capped in any::<bool>()) {
         if raw.len() >= 6 {
