@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use isthmus_agent_api::client::{AgentClient, ClientConfig, TlsFiles};
 use isthmus_operator::api::{FromSpec, ImpairmentSpec, NetworkLink, NetworkLinkSpec, ServiceInclusion, ToSpec};
+use isthmus_operator::controller::agent::AgentApi;
 use isthmus_operator::controller::nodes::DispatchConfig;
 use isthmus_operator::controller::version::Backoff;
 use isthmus_operator::controller::watch::AgentSelector;
@@ -100,6 +101,12 @@ impl Running {
         let _ = self.shutdown.send(true);
         self.task.await.unwrap();
     }
+
+    /// Ends the controller where it stands, as a crash or a killed pod would: no shutdown, calls in flight dropped.
+    pub async fn kill(self) {
+        self.task.abort();
+        let _ = self.task.await;
+    }
 }
 
 pub fn start(
@@ -115,9 +122,21 @@ pub fn start(
     start_full(client, ns, identity, leader, cleanup_timeout, agents, 9443)
 }
 
+/// A controller whose leadership the test sets, calling the agents through `agents` on `port`.
+pub fn start_controller(
+    client: &Client,
+    ns: &str,
+    identity: &str,
+    leader: watch::Receiver<bool>,
+    agents: Arc<dyn AgentApi>,
+    port: u16,
+) -> Running {
+    start_full(client, ns, identity, leader, Duration::from_secs(120), agents, port)
+}
+
 pub fn start_with_client(client: &Client, ns: &str, agents: Arc<AgentClient>, port: u16) -> Running {
     let (tx, rx) = watch::channel(true);
-    let mut running = start_full(client, ns, "with-agent", rx, Duration::from_secs(120), agents, port);
+    let mut running = start_controller(client, ns, "with-agent", rx, agents, port);
     running._leading = Some(tx);
     running
 }
@@ -128,7 +147,7 @@ fn start_full(
     identity: &str,
     leader: watch::Receiver<bool>,
     cleanup_timeout: Duration,
-    agent_client: Arc<AgentClient>,
+    agent_client: Arc<dyn AgentApi>,
     agent_port: u16,
 ) -> Running {
     let ctx = Context {
@@ -246,7 +265,8 @@ impl Drop for RealAgent {
 const OPERATOR_IDENTITY: &str = "isthmus-operator.isthmus-system.serviceaccount.isthmus";
 
 impl RealAgent {
-    pub async fn start(binary: &str, node: &str) -> RealAgent {
+    /// An agent that finds pods in the network namespaces pinned in `netns_dir` (none when `None`).
+    pub async fn start(binary: &str, node: &str, netns_dir: Option<&std::path::Path>) -> RealAgent {
         let dir = std::env::temp_dir().join(format!("isth-op-it-agent-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         for sub in ["agent-tls", "operator-tls", "empty-proc", "empty-netns"] {
@@ -287,7 +307,7 @@ impl RealAgent {
             .arg("--proc")
             .arg(dir.join("empty-proc"))
             .arg("--netns-dirs")
-            .arg(dir.join("empty-netns"))
+            .arg(netns_dir.map_or_else(|| dir.join("empty-netns"), std::path::Path::to_path_buf))
             .stdout(std::process::Stdio::null())
             .stderr(log)
             .spawn()
@@ -313,6 +333,11 @@ pub struct WithAgent {
 impl WithAgent {
     /// Needs the environment `make operator-it` sets: a real API server and a built agent.
     pub async fn start(name: &str) -> WithAgent {
+        Self::start_seeing(name, None).await
+    }
+
+    /// [`WithAgent::start`] with an agent that sees the namespaces pinned in `netns_dir`.
+    pub async fn start_seeing(name: &str, netns_dir: Option<&std::path::Path>) -> WithAgent {
         let client = client().await.expect("ISTHMUS_TEST_KUBECONFIG: a real API server (make operator-it sets it)");
         let binary = std::env::var("ISTHMUS_TEST_AGENT_BIN")
             .expect("ISTHMUS_TEST_AGENT_BIN: the agent (make operator-it sets it)");
@@ -321,7 +346,7 @@ impl WithAgent {
         let ns = format!("op-it-{name}-{}", std::process::id());
         namespace(&client, &ns).await;
         let node = format!("op-it-{name}-node-{}", std::process::id());
-        let agent = RealAgent::start(&binary, &node).await;
+        let agent = RealAgent::start(&binary, &node, netns_dir).await;
         let nodes: Api<Node> = Api::all(client.clone());
         let _ = nodes.delete(&node, &DeleteParams::default()).await;
         let object = serde_json::from_value(json!({"metadata": {"name": node}})).unwrap();
