@@ -333,6 +333,10 @@ pub struct NetworkLinkStatus {
     #[serde(default)]
     #[schemars(range(max = 4294967295_u32))]
     pub pairs_failed: u32,
+    /// Applied pairs whose `queueLimit` the node's queue budget cut (docs/networklink.md#queue-bound).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    #[schemars(range(max = 4294967295_u32))]
+    pub queue_limits_capped: u32,
     /// Other NetworkLinks covering some of the same pairs, and who wins them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub overlaps: Vec<OverlapStatus>,

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use isthmus_agent_api::QueueCap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use crate::api::{MAX_STATUS_FAILURES, MAX_STATUS_OVERLAPS, NetworkLinkStatus, OverlapStatus, PodFailure};
@@ -32,6 +33,7 @@ pub fn link_status(
     let progress = progress.unwrap_or(&empty);
     status.pairs_applied = progress.applied;
     status.pairs_failed = progress.failed;
+    status.queue_limits_capped = progress.queue_limits_capped;
     let exclusions = status.failures.len() + status.failures_omitted as usize;
     let mut failures = std::mem::take(&mut status.failures);
     failures.extend(progress.failures.iter().cloned());
@@ -40,7 +42,7 @@ pub fn link_status(
     status.failures_omitted = (total_failures - failures.len()) as u32;
     status.failures = failures;
 
-    let mut conditions = conditions(facts, &status, total_failures);
+    let mut conditions = conditions(facts, &status, total_failures, progress.first_cap.as_ref());
     for c in &mut conditions {
         c.observed_generation = facts.generation;
         let before = previous.and_then(|p| p.conditions.iter().find(|o| o.type_ == c.type_));
@@ -89,7 +91,12 @@ pub fn fill_status(facts: &LinkFacts, status: &mut NetworkLinkStatus) {
 }
 
 /// Ready, Degraded and Overlapping (without times) for a status whose counts and failures are filled in.
-fn conditions(facts: &LinkFacts, status: &NetworkLinkStatus, total_failures: usize) -> Vec<Condition> {
+fn conditions(
+    facts: &LinkFacts,
+    status: &NetworkLinkStatus,
+    total_failures: usize,
+    first_cap: Option<&QueueCap>,
+) -> Vec<Condition> {
     let mut conditions = Vec::with_capacity(3);
     if let Some(err) = &facts.error {
         let message = format!("{}: {}", err.field, err.message);
@@ -104,7 +111,7 @@ fn conditions(facts: &LinkFacts, status: &NetworkLinkStatus, total_failures: usi
         conditions.push(if pairs == 0 {
             cond(READY, true, "NoPairs", "no running pod matches the link yet; nothing to apply")
         } else if applied == pairs {
-            cond(READY, true, "Applied", &format!("all {pairs} pairs are applied"))
+            cond(READY, true, "Applied", &format!("all {pairs} pairs are applied{}", capped(status, first_cap)))
         } else if failed > 0 {
             cond(READY, false, "Failed", &format!("{applied} of {pairs} pairs applied, {failed} failed"))
         } else {
@@ -130,6 +137,17 @@ fn conditions(facts: &LinkFacts, status: &NetworkLinkStatus, total_failures: usi
         cond(OVERLAPPING, true, "SharedPairs", &format!("pairs shared with {}", list.join(", ")))
     });
     conditions
+}
+
+/// What `Ready`'s message adds when queue budgets cut `queueLimit`s: a cut is the bound working, not a failure.
+fn capped(status: &NetworkLinkStatus, first: Option<&QueueCap>) -> String {
+    match (status.queue_limits_capped, first) {
+        (0, _) | (_, None) => String::new(),
+        (n, Some(cap)) => format!(
+            "; the node's queue budget cut queueLimit on {n} of them (to {} packets from {} asked, e.g. towards {})",
+            cap.installed_packets, cap.requested_packets, cap.destination
+        ),
+    }
 }
 
 fn cond(type_: &str, status: bool, reason: &str, message: &str) -> Condition {
@@ -199,7 +217,7 @@ mod tests {
         assert_eq!(condition(&pending, DEGRADED).status, "False");
         assert_eq!(condition(&pending, OVERLAPPING).status, "False");
 
-        let done = Progress { applied: 5, failed: 0, failures: vec![] };
+        let done = Progress { applied: 5, failed: 0, ..Default::default() };
         let ready = link_status(&f, Some(&done), Some(&pending), &time(200));
         assert_eq!(condition(&ready, READY).status, "True");
         assert_eq!(condition(&ready, READY).last_transition_time, time(200), "Ready changed");
@@ -230,7 +248,7 @@ mod tests {
                 message: "down".into(),
             })
             .collect();
-        let p = Progress { applied: 0, failed: 40, failures };
+        let p = Progress { applied: 0, failed: 40, failures, ..Default::default() };
         let s = link_status(&f, Some(&p), None, &time(1));
         assert_eq!(s.failures.len(), MAX_STATUS_FAILURES);
         assert_eq!(s.failures_omitted, 21 - MAX_STATUS_FAILURES as u32);
@@ -259,5 +277,23 @@ mod tests {
             (condition(&nothing, READY).status.as_str(), condition(&nothing, READY).reason.as_str()),
             ("True", "NoPairs")
         );
+    }
+
+    #[test]
+    fn ready_says_when_queue_budgets_cut_queue_limits() {
+        let cap = QueueCap {
+            destination: "10.0.0.9/32".parse().unwrap(),
+            link: isthmus_agent_api::test_util::link("l"),
+            requested_packets: 50_000,
+            installed_packets: 11_081,
+        };
+        let done = Progress { applied: 5, queue_limits_capped: 2, first_cap: Some(cap), ..Default::default() };
+        let s = link_status(&facts(5), Some(&done), None, &time(1));
+        assert_eq!(s.queue_limits_capped, 2);
+        let ready = condition(&s, READY);
+        assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("True", "Applied"));
+        assert!(ready.message.contains("cut queueLimit on 2 of them") && ready.message.contains("11081"), "{ready:?}");
+        let plain = link_status(&facts(5), Some(&Progress { applied: 5, ..Default::default() }), None, &time(1));
+        assert_eq!(condition(&plain, READY).message, "all 5 pairs are applied");
     }
 }

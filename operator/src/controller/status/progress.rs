@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use isthmus_agent_api::{NodePlan, PodErrorKind, PodOutcome, PodPlan};
+use isthmus_agent_api::{NodePlan, PodErrorKind, PodOutcome, PodPlan, PodResult, QueueCap};
 
 use crate::api::PodFailure;
 use crate::controller::nodes::NodeReport;
@@ -17,6 +17,9 @@ pub struct Progress {
     pub applied: u32,
     pub failed: u32,
     pub failures: Vec<PodFailure>,
+    /// Applied pairs whose `queueLimit` the agent cut to its queue budget, and the first such cut.
+    pub queue_limits_capped: u32,
+    pub first_cap: Option<QueueCap>,
 }
 
 /// Sorts every desired pair into applied, failed or (neither) pending, per link, from each node's desired plan
@@ -30,11 +33,18 @@ pub fn progress<'a>(
     for plan in desired {
         let report = reports.get(&plan.node);
         for pod in &plan.pods {
-            let confirmed = confirmed_outcome(report, pod);
+            let confirmed = confirmed_result(report, pod);
             for (link, (pairs, needs_netem)) in pairs_per_link(pod) {
-                let p = out.entry(link).or_default();
-                match judge(&plan.node, report, confirmed, needs_netem) {
-                    Outcome::Applied => p.applied += pairs,
+                let p = out.entry(link.clone()).or_default();
+                match judge(&plan.node, report, confirmed.map(|r| &r.outcome), needs_netem) {
+                    Outcome::Applied => {
+                        p.applied += pairs;
+                        let caps = confirmed.into_iter().flat_map(|r| &r.queue_caps);
+                        for cap in caps.filter(|c| c.link.namespace == link.namespace && c.link.name == link.name) {
+                            p.queue_limits_capped += 1;
+                            p.first_cap.get_or_insert_with(|| cap.clone());
+                        }
+                    }
                     Outcome::Failed(reason, message) => {
                         p.failed += pairs;
                         p.failures.push(failure(&plan.node, pod, reason, message));
@@ -90,13 +100,16 @@ fn pairs_per_link(pod: &PodPlan) -> BTreeMap<ObjectKey, (u32, bool)> {
 
 /// The agent's outcome for the pod, if the plan it acknowledged holds exactly the pod's desired entry.
 pub fn confirmed_outcome<'r>(report: Option<&'r NodeReport>, pod: &PodPlan) -> Option<&'r PodOutcome> {
+    confirmed_result(report, pod).map(|r| &r.outcome)
+}
+
+/// The agent's result for the pod, if the plan it acknowledged holds exactly the pod's desired entry.
+fn confirmed_result<'r>(report: Option<&'r NodeReport>, pod: &PodPlan) -> Option<&'r PodResult> {
     let applied = report?.applied.as_ref()?;
     if !applied.plan.pods.iter().any(|p| p == pod) {
         return None;
     }
-    let result =
-        applied.reply.pods.iter().find(|r| r.uid == pod.uid && r.namespace == pod.namespace && r.name == pod.name);
-    result.map(|r| &r.outcome)
+    applied.reply.pods.iter().find(|r| r.uid == pod.uid && r.namespace == pod.namespace && r.name == pod.name)
 }
 
 fn failure(node: &str, pod: &PodPlan, reason: FailureReason, message: String) -> PodFailure {
@@ -208,5 +221,36 @@ mod tests {
         let p = &progress([&desired], &reports)[&link];
         assert_eq!((p.applied, p.failed), (0, 2));
         assert_eq!(p.failures[0].reason, "AgentUnreachable");
+    }
+
+    #[test]
+    fn cut_queue_limits_count_per_link_and_only_once_applied() {
+        let (l, m) = (ObjectKey::new("default", "l"), ObjectKey::new("default", "m"));
+        let mut a = pod("a", "l", 2);
+        a.destinations.extend(pod("a", "m", 1).destinations.into_iter().map(|mut d| {
+            d.destination = "10.0.9.9/32".parse().unwrap();
+            d
+        }));
+        let desired = plan("n1", vec![a.clone()]);
+        let cap = |dest: &str, link_name: &str| QueueCap {
+            destination: dest.parse().unwrap(),
+            link: link(link_name),
+            requested_packets: 50_000,
+            installed_packets: 11_081,
+        };
+        let mut r = report(&desired, &[("a", PodOutcome::Applied)], true);
+        let applied = r.applied.as_mut().unwrap();
+        applied.reply.pods[0].queue_caps = vec![cap("10.0.1.0/32", "l"), cap("10.0.1.1/32", "l")];
+        let reports = BTreeMap::from([("n1".to_string(), r)]);
+        let p = progress([&desired], &reports);
+        assert_eq!((p[&l].applied, p[&l].queue_limits_capped), (2, 2));
+        assert_eq!(p[&l].first_cap, Some(cap("10.0.1.0/32", "l")));
+        assert_eq!((p[&m].applied, p[&m].queue_limits_capped, p[&m].first_cap.is_none()), (1, 0, true));
+
+        // A pod whose desired entry changed since: pending, and its cuts no longer count.
+        let mut changed = a;
+        changed.destinations.pop();
+        let p = progress([&plan("n1", vec![changed])], &reports);
+        assert_eq!((p[&l].applied, p[&l].queue_limits_capped), (0, 0));
     }
 }
