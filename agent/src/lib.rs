@@ -3,6 +3,7 @@
 
 pub mod auth;
 pub mod datapath;
+pub mod emulator;
 pub mod metrics;
 pub mod netns;
 pub mod node;
