@@ -6,7 +6,8 @@
 //! - 200-pod full mesh: one link `{} → {}` in one namespace: 200 × 199 = 39,800 directed pairs.
 //! - one-pod update at 1,000 pods × 100 links: a destination pod changes its IP, then `recompute`.
 //! - memory: bytes held by the planner after the full computation and the allocation peak during it (a
-//!   counting allocator), and the process's peak RSS.
+//!   counting allocator), and the process's peak RSS; and bytes held per pair for one link at the default
+//!   per-link limit: 1,000 source pods × 512 destinations (256 dual-stack pods), 512,000 pairs.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -142,6 +143,20 @@ struct Row {
     detail: String,
 }
 
+/// One link from 1,000 pods to 256 dual-stack pods (512 destinations, the default per-link limit).
+fn wide() -> Index {
+    let mut index = Index::default();
+    index.namespaces.insert("wide".into(), labels(&[("kubernetes.io/metadata.name", "wide")]));
+    for n in 0..1256u32 {
+        let app = if n < 1000 { "client" } else { "server" };
+        let (k, v) = pod("wide", &format!("{app}-{n}"), app, (n as usize) % 20, n + 1);
+        index.pods.insert(k, v);
+    }
+    let (k, v) = link("wide", "wan", selector(&[("app", "client")]), selector(&[("app", "server")]));
+    index.links.insert(k, v);
+    index
+}
+
 fn median_of(mut samples: Vec<Duration>) -> (Duration, Duration) {
     samples.sort();
     (samples[samples.len() / 2], *samples.last().unwrap())
@@ -223,6 +238,12 @@ fn main() {
     let mesh_held = CURRENT.load(Ordering::Relaxed) - before;
     let mesh_peak = PEAK.load(Ordering::Relaxed) - before;
     drop(mesh_planner);
+    let wide = wide();
+    let before = CURRENT.load(Ordering::Relaxed);
+    let wide_planner = compute(wide);
+    let wide_held = CURRENT.load(Ordering::Relaxed) - before;
+    let wide_pairs: usize = wide_planner.node_plans().flat_map(|n| &n.pods).map(|p| p.destinations.len()).sum();
+    drop(wide_planner);
 
     println!("| scenario | median | max | target | notes |");
     println!("|---|---|---|---|---|");
@@ -246,6 +267,11 @@ fn main() {
         "| memory, 200-pod mesh | {:.1} MiB held | {:.1} MiB peak alloc | ≤ 100 MiB | |",
         mib(mesh_held),
         mib(mesh_peak)
+    );
+    println!(
+        "| memory per pair, 1,000 sources × 512 destinations | {:.0} B/pair | {:.1} MiB held | ≤ 64 B/pair | {wide_pairs} pairs, one link |",
+        wide_held as f64 / wide_pairs as f64,
+        mib(wide_held)
     );
     if let Some(kib) = peak_rss_kib() {
         println!("| process peak RSS (whole benchmark) | {:.1} MiB | | ≤ 100 MiB | VmHWM |", kib as f64 / 1024.0);

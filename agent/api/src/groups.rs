@@ -7,6 +7,7 @@
 //! one [`DestinationPlan`] per destination, sorted by destination, as before.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 use serde::ser::SerializeSeq;
@@ -37,7 +38,7 @@ pub(crate) fn serialize<S: Serializer>(destinations: &[DestinationPlan], seriali
     let mut index: HashMap<(&LinkRef, &Impairment), usize> = HashMap::new();
     let mut groups: Vec<GroupRef<'_>> = Vec::new();
     for d in destinations {
-        let i = *index.entry((&d.link, &d.impairment)).or_insert_with(|| {
+        let i = *index.entry((&*d.link, &*d.impairment)).or_insert_with(|| {
             groups.push(GroupRef { link: &d.link, impairment: &d.impairment, destinations: Vec::new() });
             groups.len() - 1
         });
@@ -56,8 +57,9 @@ pub(crate) fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<
     let groups = Vec::<Group>::deserialize(deserializer)?;
     let mut out: Vec<DestinationPlan> = Vec::with_capacity(groups.iter().map(|g| g.destinations.len()).sum());
     for g in groups {
+        let (impairment, link) = (Arc::new(g.impairment), Arc::new(g.link));
         for destination in g.destinations {
-            out.push(DestinationPlan { destination, impairment: g.impairment.clone(), link: g.link.clone() });
+            out.push(DestinationPlan { destination, impairment: impairment.clone(), link: link.clone() });
         }
     }
     out.sort_by_key(|d| d.destination);
@@ -99,8 +101,8 @@ mod tests {
     fn golden() {
         let d = |ip: &str, ms: u64, name: &str| DestinationPlan {
             destination: ip.parse().unwrap(),
-            impairment: latency_ms(ms),
-            link: link(name, Direction::Forward),
+            impairment: latency_ms(ms).into(),
+            link: link(name, Direction::Forward).into(),
         };
         let p = pod(vec![d("10.0.0.2/32", 5, "a"), d("10.0.0.3/32", 7, "b"), d("10.0.0.4/32", 5, "a")]);
         let value = serde_json::to_value(&p).unwrap();
@@ -136,8 +138,8 @@ mod tests {
     fn destination() -> impl Strategy<Value = DestinationPlan> {
         (any::<[u8; 4]>(), 0u64..3, 0usize..3, any::<bool>()).prop_map(|(ip, ms, name, reverse)| DestinationPlan {
             destination: IpNet::from(std::net::IpAddr::from(ip)),
-            impairment: latency_ms(ms),
-            link: link(["a", "b", "c"][name], if reverse { Direction::Reverse } else { Direction::Forward }),
+            impairment: latency_ms(ms).into(),
+            link: link(["a", "b", "c"][name], if reverse { Direction::Reverse } else { Direction::Forward }).into(),
         })
     }
 

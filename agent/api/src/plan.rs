@@ -5,6 +5,7 @@
 //! grows; the agent ignores a plan older than the newest it has applied.
 
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
@@ -43,13 +44,15 @@ pub enum Direction {
     Reverse,
 }
 
-/// One destination of one source pod: packets from the pod to `destination` get `impairment`.
+/// One destination of one source pod: packets from the pod to `destination` get `impairment`. The impairment
+/// and the link are shared (`Arc`) by every destination that has them: a plan holds one pair in some 40 bytes
+/// instead of several hundred (docs/networklink.md#plan-limits).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DestinationPlan {
     pub destination: IpNet,
-    pub impairment: Impairment,
-    pub link: LinkRef,
+    pub impairment: Arc<Impairment>,
+    pub link: Arc<LinkRef>,
 }
 
 /// A pod whose egress is impaired, identified the way the agent can check on the node.

@@ -15,7 +15,7 @@ pub fn link(name: &str) -> LinkRef {
 
 /// Packets to `to` get `impairment`, asked for by `link`.
 pub fn destination(to: impl Into<IpNet>, impairment: Impairment, link: LinkRef) -> DestinationPlan {
-    DestinationPlan { destination: to.into(), impairment, link }
+    DestinationPlan { destination: to.into(), impairment: impairment.into(), link: link.into() }
 }
 
 /// A pod in namespace `default` whose `eth0` egress is shaped towards `destinations`.

@@ -108,21 +108,20 @@ struct Interner {
 }
 
 impl Interner {
-    fn link(&mut self, link: LinkRef) -> Arc<LinkRef> {
+    fn link(&mut self, link: Arc<LinkRef>) -> Arc<LinkRef> {
         intern(&mut self.links, link)
     }
 
-    fn impairment(&mut self, impairment: Impairment) -> Arc<Impairment> {
+    fn impairment(&mut self, impairment: Arc<Impairment>) -> Arc<Impairment> {
         intern(&mut self.impairments, impairment)
     }
 }
 
-/// The one shared allocation of `value` in `set`, made on first sight.
-fn intern<T: Eq + Hash>(set: &mut HashSet<Arc<T>>, value: T) -> Arc<T> {
-    if let Some(existing) = set.get(&value) {
+/// The one shared allocation of `value` in `set`: the first one seen. (Each pod's entry arrives with its own.)
+fn intern<T: Eq + Hash>(set: &mut HashSet<Arc<T>>, value: Arc<T>) -> Arc<T> {
+    if let Some(existing) = set.get(&*value) {
         return existing.clone();
     }
-    let value = Arc::new(value);
     set.insert(value.clone());
     value
 }

@@ -3,9 +3,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
-use isthmus_agent_api::{Direction, Impairment};
+use isthmus_agent_api::{Direction, Impairment, LinkRef};
 use kube::core::{Selector, SelectorExt};
 
 use super::limits::{PlanLimits, Refusal};
@@ -25,7 +26,10 @@ pub struct Source {
 /// One direction of a resolved link.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Side {
-    pub impairment: Impairment,
+    /// Shared with every destination the side plans.
+    pub impairment: Arc<Impairment>,
+    /// The link and this direction, shared likewise.
+    pub link: Arc<LinkRef>,
     /// Sorted by pod.
     pub sources: Vec<Source>,
     /// Sorted, without duplicates.
@@ -173,15 +177,19 @@ pub(super) fn resolve_link_with(
         forward_dests.extend(service_destinations(index, memo, &res.to_namespaces, &to_pods));
     }
     forward_dests.extend(sel.cidrs.iter().copied());
+    let link_ref =
+        |direction| Arc::new(LinkRef { namespace: key.namespace.clone(), name: key.name.clone(), direction });
     res.forward = Some(Side {
-        impairment: impairments.forward.clone(),
+        impairment: Arc::new(impairments.forward.clone()),
+        link: link_ref(Direction::Forward),
         sources: sources(key, &from_pods),
         destinations: forward_dests.into_iter().collect(),
     });
     if let Some(reverse) = &impairments.reverse {
         // The spec forbids a reverse direction with a namespaceSelector; `sources` filters regardless.
         res.reverse = Some(Side {
-            impairment: reverse.clone(),
+            impairment: Arc::new(reverse.clone()),
+            link: link_ref(Direction::Reverse),
             sources: sources(key, &to_pods),
             destinations: host_prefixes(&from_pods).into_iter().collect(),
         });

@@ -5,6 +5,7 @@
 
 use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use ipnet::IpNet;
 use isthmus_agent_api::{DestinationPlan, Direction, Impairment, LinkRef, PodPlan, default_interface};
@@ -36,7 +37,8 @@ struct Candidate<'a> {
     link: &'a ObjectKey,
     rank: &'a Rank,
     direction: Direction,
-    impairment: &'a Impairment,
+    impairment: &'a Arc<Impairment>,
+    link_ref: &'a Arc<LinkRef>,
 }
 
 impl Candidate<'_> {
@@ -70,11 +72,7 @@ pub fn compute_pod<'a>(
         destinations.push(DestinationPlan {
             destination: dest,
             impairment: winner.impairment.clone(),
-            link: LinkRef {
-                namespace: winner.link.namespace.clone(),
-                name: winner.link.name.clone(),
-                direction: winner.direction,
-            },
+            link: winner.link_ref.clone(),
         });
     }
     Some(PodOutput {
@@ -115,7 +113,10 @@ fn candidates<'a>(
                 if dest.prefix_len() == dest.max_prefix_len() && src.ips.contains(&dest.addr()) {
                     continue;
                 }
-                claims.push((*dest, Candidate { link, rank: &res.rank, direction, impairment: &side.impairment }));
+                claims.push((
+                    *dest,
+                    Candidate { link, rank: &res.rank, direction, impairment: &side.impairment, link_ref: &side.link },
+                ));
             }
         }
         let added: BTreeSet<&IpNet> = claims.iter().map(|(d, _)| d).filter(|d| !dests.contains_key(*d)).collect();
