@@ -52,6 +52,8 @@ pub struct Ctx {
     pub runtime: tokio::runtime::Runtime,
     output: String,
     summary: Vec<String>,
+    /// Each failed attempt of a measurement that was taken again: `<what> attempt <n>: <why>`.
+    retries: Vec<String>,
     measurements: serde_json::Map<String, serde_json::Value>,
 }
 
@@ -75,7 +77,8 @@ impl Ctx {
     }
 
     /// Runs a measurement with its assertions until it passes, at most [`MEASUREMENT_ATTEMPTS`] times, logging
-    /// why each failed attempt failed. Timing on shared CPUs has outliers that last seconds (UML's timers wait for
+    /// why each failed attempt failed and naming it in the test's summary line. This is the rig's one level of
+    /// retries: `make kernel-test` does not boot a kernel again for failed tests. Timing on shared CPUs has outliers that last seconds (UML's timers wait for
     /// the host's scheduler: at host load 2–4 from other builds, single attempts read a 20 ms netem's median as
     /// 28 ms and a 10 ms one beside another stream as 15 ms); a real regression fails every attempt.
     pub fn with_retries<T>(
@@ -93,11 +96,35 @@ impl Ctx {
                         "{what}: attempt {failed} of {MEASUREMENT_ATTEMPTS} failed: {e:#}; measuring once more"
                     ));
                     self.record(&format!("{what}.retried"), failed);
+                    self.retries.push(format!("{what} attempt {failed}: {}", first_line(&format!("{e:#}"))));
                     self.summary.clear();
                 }
                 Err(e) => return Err(e),
             }
         }
+    }
+}
+
+/// The test's line in the host's table: its phrases, the failure's note first when it did not pass, and every
+/// failed attempt that was taken again.
+fn summary_line(phrases: &[String], retries: &[String], verdict: Verdict, note: Option<String>) -> String {
+    let mut summary = phrases.join("; ");
+    if verdict != Verdict::Pass {
+        let note = note.unwrap_or_default();
+        summary = if summary.is_empty() { note } else { format!("{note} [{summary}]") };
+    }
+    if !retries.is_empty() {
+        summary = format!("{summary} (retried: {})", retries.join("; "));
+    }
+    summary
+}
+
+/// The first line of an error's text, at most 160 characters.
+fn first_line(text: &str) -> String {
+    let line = text.lines().next().unwrap_or_default();
+    match line.char_indices().nth(160) {
+        Some((cut, _)) => format!("{}…", &line[..cut]),
+        None => line.to_owned(),
     }
 }
 
@@ -141,6 +168,7 @@ pub fn run(tests: &[&Test], config: &RunConfig) -> bool {
             runtime,
             output: String::new(),
             summary: Vec::new(),
+            retries: Vec::new(),
             measurements: serde_json::Map::new(),
         };
         let start = Instant::now();
@@ -167,11 +195,7 @@ pub fn run(tests: &[&Test], config: &RunConfig) -> bool {
         if let Some(note) = &note {
             ctx.log(format!("{verdict:?}: {note}"));
         }
-        let mut summary = ctx.summary.join("; ");
-        if verdict != Verdict::Pass {
-            let note = note.unwrap_or_default();
-            summary = if summary.is_empty() { note } else { format!("{note} [{summary}]") };
-        }
+        let summary = summary_line(&ctx.summary, &ctx.retries, verdict, note);
         all_ok &= verdict != Verdict::Fail;
         // the runtime (and with it any datapath connection) goes before the next test's namespaces appear
         let Ctx { output, measurements, runtime, kernel, .. } = ctx;
@@ -196,6 +220,20 @@ mod tests {
 
     fn noop(_: &mut Ctx) -> anyhow::Result<Outcome> {
         Ok(Outcome::Pass)
+    }
+
+    #[test]
+    fn every_retry_is_in_the_summary_line() {
+        let phrases = vec!["delay 20ms p50 20.1 ms".to_owned()];
+        assert_eq!(summary_line(&phrases, &[], Verdict::Pass, None), "delay 20ms p50 20.1 ms");
+        let retries = vec!["delay attempt 1: p50 28.0 ms above 25.0 ms".to_owned()];
+        assert_eq!(
+            summary_line(&phrases, &retries, Verdict::Pass, None),
+            "delay 20ms p50 20.1 ms (retried: delay attempt 1: p50 28.0 ms above 25.0 ms)"
+        );
+        let failed = summary_line(&[], &retries, Verdict::Fail, Some("p50 29 ms".into()));
+        assert_eq!(failed, "p50 29 ms (retried: delay attempt 1: p50 28.0 ms above 25.0 ms)");
+        assert_eq!(first_line(&format!("{}\nsecond", "x".repeat(200))).chars().count(), 161);
     }
 
     #[test]
