@@ -169,17 +169,19 @@ fn the_largest_node_plan_within_the_default_limits_fits_the_agent_many_times() {
         v.uid = format!("{i:0>36}");
         p.upsert_pod(k, v);
     }
+    // As many destinations as a pod may have, in links of at most the per-link limit each.
+    let per_link = PlanLimits::DEFAULT.per_link();
     for i in 0..per_pod {
         let (k, v) = pod(
             &ns,
             &format!("server-{i}"),
-            "server",
+            &format!("server-{}", i / per_link),
             "elsewhere",
             &[&format!("fd00:ffff:ffff:ffff:ffff:ffff:ffff:{:x}", 0xf000 + i)],
         );
         p.upsert_pod(k, v);
     }
-    let mut s = spec("client", "server", 1);
+    let mut s = spec("client", "server-0", 1);
     s.impairment = Some(
         serde_json::from_value(serde_json::json!({
             "latency": "3599.999999s", "jitter": "1799.999999s", "jitterCorrelation": "99.999999%",
@@ -191,11 +193,18 @@ fn the_largest_node_plan_within_the_default_limits_fits_the_agent_many_times() {
         }))
         .expect("a full impairment"),
     );
-    let (k, v) = link(&ns, &"l".repeat(253), 1, s);
-    p.upsert_link(k, v);
+    for l in 0..per_pod.div_ceil(per_link) {
+        let mut s = s.clone();
+        s.to.pod_selector = Some(selector(&[("app", &format!("server-{l}"))]));
+        let name = format!("{l}{}", "l".repeat(252));
+        let (k, v) = link(&ns, &name, 1, s);
+        p.upsert_link(k, v);
+    }
     p.recompute();
-    let facts = p.link_facts(&ObjectKey::new(&ns, "l".repeat(253))).unwrap();
-    assert_eq!((&facts.error, facts.refusal), (&None, None));
+    for l in 0..per_pod.div_ceil(per_link) {
+        let facts = p.link_facts(&ObjectKey::new(&ns, format!("{l}{}", "l".repeat(252)))).unwrap();
+        assert_eq!((&facts.error, facts.refusal, facts.exclusions.len()), (&None, None, 0));
+    }
     let plan = p.node_plan("node").expect("a plan");
     assert_eq!(plan.pods.len(), 110);
     assert!(plan.pods.iter().all(|x| x.destinations.len() == per_pod as usize));

@@ -3,7 +3,7 @@
 //!
 //! Why: written one by one, every destination repeats its link's namespace and name and the whole impairment,
 //! some 800 bytes at their longest; 110 pods × 512 destinations would then be two thirds of the agent's body
-//! limit. Grouped, a destination costs its address (docs/networklink.md#plan-limits). In memory the plan keeps
+//! limit, 1,024 beyond it. Grouped, a destination costs its address (docs/networklink.md#plan-limits). In memory the plan keeps
 //! one [`DestinationPlan`] per destination, sorted by destination, as before.
 
 use std::collections::HashMap;

@@ -91,7 +91,7 @@ def main():
     check(openv["ISTHMUS_AGENT_PORT"] == str(agent["ports"][0]["containerPort"]), "operator dials the agents' API port")
     selector = ",".join(f"{k}={v}" for k, v in sorted(ds["spec"]["selector"]["matchLabels"].items()))
     check(",".join(sorted(openv["ISTHMUS_AGENT_SELECTOR"].split(","))) == selector, "operator's agent selector = the DaemonSet's")
-    check((openv["ISTHMUS_MAX_DESTINATIONS_PER_LINK"], openv["ISTHMUS_MAX_DESTINATIONS_PER_POD"]) == ("512", "512"),
+    check((openv["ISTHMUS_MAX_DESTINATIONS_PER_LINK"], openv["ISTHMUS_MAX_DESTINATIONS_PER_POD"]) == ("512", "1024"),
           "operator: plan limits as whole numbers")
 
     # Certificates: the agent's SAN is what the operator verifies, the operator's SAN what the agent requires.

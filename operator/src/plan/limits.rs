@@ -18,7 +18,7 @@ use isthmus_agent_api::MAX_DESTINATIONS_PER_INTERFACE;
 /// Default most destinations of one link (both directions together).
 pub const DEFAULT_DESTINATIONS_PER_LINK: u32 = 512;
 /// Default most destinations of one pod (all its links together).
-pub const DEFAULT_DESTINATIONS_PER_POD: u32 = 512;
+pub const DEFAULT_DESTINATIONS_PER_POD: u32 = 1024;
 
 /// The plan's size limits, checked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,7 +106,7 @@ mod tests {
 
     #[test]
     fn limits_are_checked() {
-        assert_eq!(PlanLimits::new(512, 512), Ok(PlanLimits::DEFAULT));
+        assert_eq!(PlanLimits::new(512, 1024), Ok(PlanLimits::DEFAULT));
         assert_eq!(PlanLimits::new(0, 10), Err(PlanLimitsError::ZeroPerLink));
         assert_eq!(PlanLimits::new(10, 9), Err(PlanLimitsError::PerPodBelowPerLink { per_pod: 9, per_link: 10 }));
         let beyond = MAX_DESTINATIONS_PER_INTERFACE as u32 + 1;
