@@ -16,15 +16,19 @@ fn percent(p: f64) -> Percent {
     Percent::new("p", p).unwrap()
 }
 
-/// A packet: its number in the first two bytes, then padding to its length.
+/// A packet: its number three times (a corrupted bit changes one copy at most), then padding to its length.
 fn packet(n: u16, len: usize) -> Vec<u8> {
-    let mut p = vec![0u8; len.max(2)];
-    p[..2].copy_from_slice(&n.to_be_bytes());
+    let mut p = vec![0u8; len.max(6)];
+    for copy in p[..6].chunks_mut(2) {
+        copy.copy_from_slice(&n.to_be_bytes());
+    }
     p
 }
 
+/// The packet's number: the value at least two of its copies agree on.
 fn number(p: &[u8]) -> u16 {
-    u16::from_be_bytes([p[0], p[1]])
+    let copies: Vec<u16> = p[..6].chunks(2).map(|c| u16::from_be_bytes([c[0], c[1]])).collect();
+    if copies[0] == copies[1] || copies[0] == copies[2] { copies[0] } else { copies[1] }
 }
 
 /// Pushes `arrivals` (time, length) in order and pops at every wake-up; (time, packet) of each departure.
