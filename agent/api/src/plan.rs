@@ -171,6 +171,33 @@ pub struct ApplyReply {
     pub stale: bool,
     pub pods: Vec<PodResult>,
     pub capabilities: Capabilities,
+    /// Trees the agent could not remove; each is tried again with every plan until it goes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub leftovers: Vec<LeftoverTree>,
+}
+
+/// A tree a plan no longer wants that the agent could not remove: where it is, what it served, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LeftoverTree {
+    /// Inode of the network namespace.
+    pub netns_inode: u64,
+    pub interface: String,
+    /// `namespace/name` of the pod it was installed for; absent for a tree adopted at start-up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    /// The links it served; empty when unknown (a tree adopted at start-up), which counts as any link.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub links: Vec<LinkRef>,
+    /// Why it could not be removed, with the kernel's text where there is one.
+    pub message: String,
+}
+
+impl LeftoverTree {
+    /// Whether the tree may still hold impairments of the link `namespace/name`.
+    pub fn may_serve(&self, namespace: &str, name: &str) -> bool {
+        self.links.is_empty() || self.links.iter().any(|l| l.namespace == namespace && l.name == name)
+    }
 }
 
 /// What the node's kernel can do, from the datapath's probe in a scratch namespace.
@@ -292,5 +319,28 @@ mod tests {
         assert_eq!(json["requestedPackets"], 1_000_000);
         assert_eq!(json["installedPackets"], 11_081);
         assert_eq!(serde_json::from_value::<QueueCap>(json).unwrap(), cap);
+    }
+
+    #[test]
+    fn a_leftover_tree_may_serve_its_links_or_any_when_unknown() {
+        let link = |name: &str| LinkRef { namespace: "n".into(), name: name.into(), direction: Direction::Reverse };
+        let tree = LeftoverTree {
+            netns_inode: 7,
+            interface: "eth0".into(),
+            pod: Some("n/p".into()),
+            links: vec![link("a")],
+            message: "Operation not permitted".into(),
+        };
+        assert!(tree.may_serve("n", "a") && !tree.may_serve("n", "b") && !tree.may_serve("m", "a"));
+        let adopted = LeftoverTree { pod: None, links: vec![], ..tree.clone() };
+        assert!(adopted.may_serve("m", "anything"));
+        let json = serde_json::to_value(&adopted).unwrap();
+        assert!(json.get("pod").is_none() && json.get("links").is_none(), "{json}");
+        assert_eq!(serde_json::from_value::<LeftoverTree>(json).unwrap(), adopted);
+        let reply: ApplyReply = serde_json::from_value(serde_json::json!({
+            "node": "n", "version": 1, "pods": [], "capabilities": Capabilities::default(),
+        }))
+        .unwrap();
+        assert!(reply.leftovers.is_empty(), "an agent that reports none may leave the field out");
     }
 }

@@ -14,8 +14,7 @@ pub async fn cleanup(sources: &Sources, parallelism: usize) -> std::io::Result<(
     let installed = find_installed(sources, None, parallelism).await?;
     // The cleanup mode serves no metrics: what it counts goes with it.
     let trees = Trees::new(Arc::new(Metrics::new()), parallelism);
-    let removals =
-        installed.into_iter().map(|e| Removal { netns: e.netns, interface: e.interface, datapath: None }).collect();
+    let removals = installed.into_iter().map(|e| Removal::unowned(e.netns, e.interface)).collect();
     let mut removed = 0;
     let mut errors = Vec::new();
     for (removal, outcome) in trees.remove(removals).await {

@@ -5,9 +5,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use ipnet::IpNet;
-use isthmus_agent_api::{LinkRef, PodResult};
+use isthmus_agent_api::{LeftoverTree, LinkRef, PodResult};
 
 use super::plan::Destination;
+use super::trees::Removal;
 use crate::datapath::{Datapath, DatapathError, DesiredState, QueueBudget};
 use crate::metrics::PodName;
 use crate::netns::Netns;
@@ -63,7 +64,38 @@ pub(super) struct Applied {
     pub version: Option<u64>,
     pub pods: HashMap<String, Arc<InstalledPod>>,
     pub adopted: Vec<AdoptedEntry>,
+    /// Trees that could not be removed: tried again with the next plan, reported until they go.
+    pub leftovers: Vec<Leftover>,
     pub last_results: Vec<PodResult>,
+}
+
+/// A tree the agent could not remove, and why.
+pub(super) struct Leftover {
+    pub removal: Removal,
+    pub message: String,
+}
+
+impl std::fmt::Debug for Leftover {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Leftover")
+            .field("netns", &self.removal.netns.id())
+            .field("interface", &self.removal.interface)
+            .field("message", &self.message)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Leftover {
+    /// As the agent's reply reports it.
+    pub fn report(&self) -> LeftoverTree {
+        LeftoverTree {
+            netns_inode: self.removal.netns.id().inode,
+            interface: self.removal.interface.clone(),
+            pod: self.removal.pod.as_ref().map(|p| format!("{}/{}", p.namespace, p.name)),
+            links: self.removal.links.clone(),
+            message: self.message.clone(),
+        }
+    }
 }
 
 impl Applied {

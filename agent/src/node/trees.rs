@@ -6,10 +6,10 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use ipnet::IpNet;
-use isthmus_agent_api::Counters;
+use isthmus_agent_api::{Counters, LinkRef};
 
 use crate::datapath::{Datapath, DatapathError, DesiredState};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, PodName};
 use crate::netns::Netns;
 
 /// Which way a pod is reconciled.
@@ -30,11 +30,23 @@ impl ReconcilePath {
     }
 }
 
-/// A tree to remove: where it is, and the pod's connection there if it had one.
+/// A tree to remove: where it is, the pod's connection there if it had one, and whose it was (for a report
+/// when it cannot be removed).
 pub(super) struct Removal {
     pub netns: Arc<Netns>,
     pub interface: String,
     pub datapath: Option<Arc<Datapath>>,
+    /// The pod it was installed for; `None` for a tree adopted at start-up.
+    pub pod: Option<Arc<PodName>>,
+    /// The links it served (sorted, distinct); empty when unknown.
+    pub links: Vec<LinkRef>,
+}
+
+impl Removal {
+    /// A tree whose pod and links are unknown (adopted at start-up, or found by the cleanup mode).
+    pub fn unowned(netns: Arc<Netns>, interface: String) -> Self {
+        Removal { netns, interface, datapath: None, pod: None, links: Vec::new() }
+    }
 }
 
 #[derive(Debug)]

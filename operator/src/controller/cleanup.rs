@@ -59,11 +59,16 @@ impl Controller {
                     Some(format!("node(s) {} no longer exist; nothing to clean up there", gone_nodes.join(", "))),
                     false,
                 ),
-                Cleanup::Waiting { nodes } if now >= pending.deadline => (
+                Cleanup::Waiting { nodes, leftovers } if now >= pending.deadline => (
                     Some(format!(
-                        "removed the finalizer after {:?} although node(s) {} did not confirm removing this link's impairments",
+                        "removed the finalizer after {:?} although node(s) {} did not confirm removing this link's impairments{}",
                         self.ctx.config.cleanup_timeout,
-                        nodes.join(", ")
+                        nodes.join(", "),
+                        if leftovers.is_empty() {
+                            String::new()
+                        } else {
+                            format!("; trees the agents could not remove: {}", leftovers.join("; "))
+                        }
                     )),
                     true,
                 ),

@@ -8,7 +8,9 @@ use std::net::SocketAddr;
 use std::sync::Mutex;
 
 use futures::future::BoxFuture;
-use isthmus_agent_api::{ApplyReply, Capabilities, NodePlan, PodError, PodErrorKind, PodOutcome, PodResult};
+use isthmus_agent_api::{
+    ApplyReply, Capabilities, LeftoverTree, NodePlan, PodError, PodErrorKind, PodOutcome, PodResult,
+};
 use isthmus_operator::controller::agent::{AgentApi, CallError};
 use isthmus_operator::failure::CallErrorKind;
 
@@ -25,6 +27,8 @@ struct Agent {
     paused: bool,
     /// Pod name → the error the agent answers for it.
     pod_errors: BTreeMap<String, PodError>,
+    /// Trees it reports it could not remove.
+    leftovers: Vec<LeftoverTree>,
 }
 
 /// The agents of every node, by address.
@@ -56,6 +60,7 @@ impl FakeAgents {
             unreachable: false,
             paused: false,
             pod_errors: BTreeMap::new(),
+            leftovers: Vec::new(),
         };
         self.agents.lock().unwrap().entry(addr).or_insert_with(agent);
     }
@@ -87,6 +92,11 @@ impl FakeAgents {
 
     pub fn heal_pod(&self, addr: SocketAddr, pod: &str) {
         self.with(addr, |a| a.pod_errors.remove(pod));
+    }
+
+    /// The trees the agent reports, from its next answer on, that it could not remove.
+    pub fn set_leftovers(&self, addr: SocketAddr, leftovers: Vec<LeftoverTree>) {
+        self.with(addr, |a| a.leftovers = leftovers);
     }
 
     /// As if another operator had sent a plan with this version.
@@ -146,6 +156,7 @@ fn reply(agent: &Agent, version: u64, stale: bool) -> ApplyReply {
         stale,
         pods: agent.last_results.clone(),
         capabilities: agent.capabilities.clone(),
+        leftovers: agent.leftovers.clone(),
     }
 }
 

@@ -14,7 +14,7 @@ mod support;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use isthmus_agent_api::{Direction, NodePlan, PodErrorKind};
+use isthmus_agent_api::{Direction, LeftoverTree, LinkRef, NodePlan, PodErrorKind};
 use isthmus_operator::api::{NetworkLink, PodFailure};
 use isthmus_operator::controller::finalizer::FINALIZER;
 use isthmus_operator::controller::version::unix_millis;
@@ -161,6 +161,36 @@ async fn a_deleted_link_keeps_its_finalizer_until_the_agent_confirms_the_cleanup
         })
         .collect();
     assert_eq!(finalizers, [vec![FINALIZER.to_owned()], vec![]], "added once, removed once");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_tree_the_agent_could_not_remove_keeps_the_finalizer_until_it_goes() {
+    // A resync brings the agent's later answer without any other change.
+    let s = Scenario::synced(dispatch(Duration::from_millis(300))).await;
+    let a1 = s.node_with_agent("n1", "10.255.0.1").await;
+    send_pod(&s, "client", "client", "n1", "10.0.1.1").await;
+    send_pod(&s, "server", "server", "n1", "10.0.1.2").await;
+    s.create(&link("lossy", "client", "server", 30)).await;
+    s.eventually("Ready", || (condition(&s, "lossy", "Ready")?.1 == "Applied").then_some(())).await;
+
+    // The agent takes a plan without the link but says it could not remove the pod's tree.
+    let stuck = LeftoverTree {
+        netns_inode: 4026532999,
+        interface: "eth0".into(),
+        pod: Some(format!("{NS}/client")),
+        links: vec![LinkRef { namespace: NS.into(), name: "lossy".into(), direction: Direction::Forward }],
+        message: "netns net:[4026532999] interface eth0: Operation not permitted".into(),
+    };
+    s.agents.set_leftovers(a1, vec![stuck]);
+    s.api.delete(&format!("{NS}/lossy"));
+    s.eventually("a plan without the link", || s.agents.in_force(a1)?.pods.is_empty().then_some(())).await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(s.api.link(&format!("{NS}/lossy")).is_some(), "held by the finalizer while the tree is left over");
+
+    // The tree goes with a later plan: so does the finalizer.
+    s.agents.set_leftovers(a1, vec![]);
+    s.eventually("link gone", || s.api.link(&format!("{NS}/lossy")).is_none().then_some(())).await;
     s.stop().await;
 }
 

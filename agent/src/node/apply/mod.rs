@@ -9,11 +9,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures::StreamExt;
-use isthmus_agent_api::{ApplyReply, PodErrorKind, PodOutcome, PodPlan, PodResult, QueueCap};
+use isthmus_agent_api::{ApplyReply, LinkRef, PodErrorKind, PodOutcome, PodPlan, PodResult, QueueCap};
 
 use self::check::{Progress, applied_pod, failed_pod};
 use super::plan::{Destination, RawNodePlan};
-use super::state::{Applied, InstalledPod, Snapshot};
+use super::state::{Applied, InstalledPod, Leftover, Snapshot};
 use super::trees::{ReconcilePath, Removal};
 use super::{Node, release_freed_memory};
 use crate::datapath::{Datapath, DatapathError, DesiredState};
@@ -88,7 +88,7 @@ impl Node {
         {
             self.metrics.count_apply(ApplyOutcome::Stale.label());
             tracing::info!(version = raw.version, current, "stale plan ignored");
-            return Ok(self.reply(current, true, applied.last_results.clone()));
+            return Ok(self.reply(current, true, applied.last_results.clone(), &applied.leftovers));
         }
         let version = raw.version;
         let mut progress = Progress::check(raw.pods, self.config.queue_budget);
@@ -97,13 +97,13 @@ impl Node {
         let installed = self.installed_set(reconciled, &applied, &mut progress).await;
         let removed = self.remove_uncovered(&mut applied, &installed).await;
         let results = progress.into_results();
-        self.record(version, &results, removed, started);
+        self.record(version, &results, removed, applied.leftovers.len(), started);
         applied.version = Some(version);
         applied.pods = installed;
         applied.last_results = results.clone();
         self.publish(&applied, version);
         release_freed_memory();
-        Ok(self.reply(version, false, results))
+        Ok(self.reply(version, false, results, &applied.leftovers))
     }
 
     /// Step 2: each pod's namespace (blocking /proc work and namespace entering, on a blocking thread); a pod
@@ -210,27 +210,37 @@ impl Node {
     }
 
     /// Step 5: the trees the new set no longer covers go — pods that left the plan, the old namespace or
-    /// interface of a pod that moved, adopted trees no plan claims. The previous set goes first: the connections
-    /// of pods that left close as soon as their tree is removed.
+    /// interface of a pod that moved, adopted trees no plan claims, and the trees earlier plans could not remove.
+    /// The previous set goes first: the connections of pods that left close as soon as their tree is removed.
+    /// What cannot be removed stays a leftover: reported in the reply, tried again with the next plan.
     async fn remove_uncovered(&self, applied: &mut Applied, installed: &HashMap<String, Arc<InstalledPod>>) -> usize {
         let covered: HashSet<(NetnsId, &str)> =
             installed.values().map(|p| (p.netns.id(), p.interface.as_str())).collect();
         let mut removals: HashMap<(NetnsId, String), Removal> = HashMap::new();
-        let previous =
-            applied.pods.drain().map(|(_, p)| (p.netns.clone(), p.interface.clone(), Some(p.datapath.clone())));
-        let adopted = applied.adopted.drain(..).map(|a| (a.netns, a.interface, None));
-        for (netns, interface, datapath) in previous.chain(adopted) {
-            if !covered.contains(&(netns.id(), interface.as_str())) {
-                removals.entry((netns.id(), interface.clone())).or_insert(Removal { netns, interface, datapath });
+        let previous = applied.pods.drain().map(|(_, p)| Removal {
+            netns: p.netns.clone(),
+            interface: p.interface.clone(),
+            datapath: Some(p.datapath.clone()),
+            pod: Some(p.pod.clone()),
+            links: links_of(&p.destinations),
+        });
+        let adopted = applied.adopted.drain(..).map(|a| Removal::unowned(a.netns, a.interface));
+        let leftovers = applied.leftovers.drain(..).map(|l| l.removal);
+        for removal in previous.chain(adopted).chain(leftovers) {
+            if !covered.contains(&(removal.netns.id(), removal.interface.as_str())) {
+                removals.entry((removal.netns.id(), removal.interface.clone())).or_insert(removal);
             }
         }
-        self.remove_trees(removals.into_values().collect()).await
+        let (removed, leftovers) = self.remove_trees(removals.into_values().collect()).await;
+        applied.leftovers = leftovers;
+        removed
     }
 
-    /// Removes trees where the namespace still exists (a namespace gone with its pod took its tree along).
-    async fn remove_trees(&self, removals: Vec<Removal>) -> usize {
+    /// Removes trees where the namespace still exists (a namespace gone with its pod took its tree along, and so
+    /// does an interface that is gone); returns how many went and the ones that could not be removed.
+    async fn remove_trees(&self, removals: Vec<Removal>) -> (usize, Vec<Leftover>) {
         if removals.is_empty() {
-            return 0;
+            return (0, Vec::new());
         }
         let resolver = self.resolver.clone();
         let ids: Vec<NetnsId> = removals.iter().map(|r| r.netns.id()).collect();
@@ -241,22 +251,29 @@ impl Node {
         .unwrap_or_default();
         let removals = removals.into_iter().filter(|r| live.contains(&r.netns.id())).collect();
         let mut removed = 0;
+        let mut leftovers = Vec::new();
         for (removal, outcome) in self.trees.remove(removals).await {
-            let (netns, interface) = (removal.netns.id(), &removal.interface);
+            let (netns, interface) = (removal.netns.id(), removal.interface.clone());
             match outcome {
                 Ok(()) => {
                     tracing::info!(%netns, %interface, "removed an isthmus tree the plan no longer wants");
                     removed += 1;
                 }
-                Err(e) => tracing::warn!(%netns, %interface, error = %e, "could not remove an isthmus tree"),
+                Err(DatapathError::InterfaceNotFound { .. }) => {
+                    tracing::info!(%netns, %interface, "the interface of an isthmus tree is gone, and the tree with it");
+                }
+                Err(e) => {
+                    tracing::warn!(%netns, %interface, error = %e, "could not remove an isthmus tree; trying again with the next plan");
+                    leftovers.push(Leftover { removal, message: e.to_string() });
+                }
             }
         }
         self.metrics.trees_removed.inc_by(removed as u64);
-        removed
+        (removed, leftovers)
     }
 
     /// The apply in the metrics and the log.
-    fn record(&self, version: u64, results: &[PodResult], removed: usize, started: Instant) {
+    fn record(&self, version: u64, results: &[PodResult], removed: usize, leftovers: usize, started: Instant) {
         let mut mutations = 0;
         let mut errors = 0;
         let mut capped = 0;
@@ -288,7 +305,16 @@ impl Node {
         self.metrics.count_apply(outcome.label());
         self.metrics.apply_duration_seconds.observe(started.elapsed().as_secs_f64());
         let elapsed_ms = started.elapsed().as_millis() as u64;
-        tracing::info!(version, pods = results.len(), errors, mutations, removed, elapsed_ms, "plan applied");
+        tracing::info!(
+            version,
+            pods = results.len(),
+            errors,
+            mutations,
+            removed,
+            leftovers,
+            elapsed_ms,
+            "plan applied"
+        );
     }
 
     /// Makes the installed set what observe and the metrics read.
@@ -300,9 +326,22 @@ impl Node {
             Arc::new(Snapshot { version, pods, adopted: Vec::new() });
     }
 
-    fn reply(&self, version: u64, stale: bool, pods: Vec<PodResult>) -> ApplyReply {
-        ApplyReply { node: self.config.name.clone(), version, stale, pods, capabilities: self.capabilities.clone() }
+    fn reply(&self, version: u64, stale: bool, pods: Vec<PodResult>, leftovers: &[Leftover]) -> ApplyReply {
+        ApplyReply {
+            node: self.config.name.clone(),
+            version,
+            stale,
+            pods,
+            capabilities: self.capabilities.clone(),
+            leftovers: leftovers.iter().map(Leftover::report).collect(),
+        }
     }
+}
+
+/// The distinct links a pod's destinations served, sorted.
+fn links_of(destinations: &[Destination]) -> Vec<LinkRef> {
+    let links: std::collections::BTreeSet<&LinkRef> = destinations.iter().map(|(_, _, l)| &**l).collect();
+    links.into_iter().cloned().collect()
 }
 
 fn resolve_error_kind(error: &ResolveError) -> PodErrorKind {

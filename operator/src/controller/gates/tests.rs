@@ -79,7 +79,14 @@ fn acked(plan: &NodePlan, outcomes: &[(&str, PodOutcome)], netem: bool) -> BTree
             queue_caps: Vec::new(),
         })
         .collect();
-    let reply = ApplyReply { node: "n1".into(), version: 1, stale: false, pods, capabilities: capabilities.clone() };
+    let reply = ApplyReply {
+        node: "n1".into(),
+        version: 1,
+        stale: false,
+        pods,
+        capabilities: capabilities.clone(),
+        leftovers: Vec::new(),
+    };
     let report = NodeReport {
         applied: Some(AppliedPlan { plan: Arc::new(plan.clone()), reply }),
         failure: None,

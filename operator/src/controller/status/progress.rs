@@ -164,6 +164,7 @@ mod tests {
                 })
                 .collect(),
             capabilities: caps.clone(),
+            leftovers: Vec::new(),
         };
         NodeReport {
             applied: Some(AppliedPlan { plan: Arc::new(plan.clone()), reply }),
