@@ -43,6 +43,7 @@ macro_rules! cel_reverse_in_force {
     printcolumn(name = "Bandwidth", type_ = "string", json_path = ".status.bandwidth"),
     printcolumn(name = "Pairs", type_ = "integer", json_path = ".status.pairs"),
     printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
+    printcolumn(name = "Reason", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].reason"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[x_kube(validation = Rule::new("has(self.impairment) || has(self.profile)")
