@@ -165,6 +165,7 @@ pub struct Metrics {
     pub resync_mutations: Counter,
     pub pods_in_plan: Gauge,
     pub queue_limits_capped: Gauge,
+    pub leftover_trees: Gauge,
     pub trees_removed: Counter,
     pub tls_handshake_failures: Counter,
     pub forbidden_requests: Counter,
@@ -230,6 +231,12 @@ impl Metrics {
             "Destinations of the plan in force whose queueLimit the queue budgets cut",
             queue_limits_capped.clone(),
         );
+        let leftover_trees = Gauge::default();
+        registry.register(
+            "isthmus_agent_leftover_trees",
+            "isthmus trees the plan no longer wants that could not be removed (tried again with every plan)",
+            leftover_trees.clone(),
+        );
         let trees_removed = Counter::default();
         registry.register(
             "isthmus_agent_trees_removed",
@@ -272,6 +279,7 @@ impl Metrics {
             resync_mutations,
             pods_in_plan,
             queue_limits_capped,
+            leftover_trees,
             trees_removed,
             tls_handshake_failures,
             forbidden_requests,

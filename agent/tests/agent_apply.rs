@@ -208,9 +208,11 @@ async fn agent_apply_change_gc_shutdown_adopt_and_cleanup() {
     );
     assert!(metrics.contains("isthmus_agent_pod_errors_total{kind=\"ForeignQdisc\"} 1"), "{metrics}");
 
-    // v4 drops the pod: its tree is removed; the foreign qdisc stays.
+    // v4 drops the pod: its tree is removed, nothing is left over; the foreign qdisc stays.
     let v4 = NodePlan { node: NODE.into(), version: 4, pods: vec![] };
-    client.apply(agent.api, &v4).await.unwrap();
+    let reply = client.apply(agent.api, &v4).await.unwrap();
+    assert!(reply.leftovers.is_empty(), "{:?}", reply.leftovers);
+    assert!(certs.metrics(agent.api).contains("isthmus_agent_leftover_trees 0"));
     assert!(!has_isthmus_root(&t.pod), "{}", t.pod.qdiscs("eth0"));
     assert!(t.dst1.qdiscs("eth0").contains("tbf 7:"));
     let free = throughput(&t.pod, &t.dst1, t.dst1_ip);

@@ -232,6 +232,7 @@ impl Node {
             }
         }
         let (removed, leftovers) = self.remove_trees(removals.into_values().collect()).await;
+        self.metrics.leftover_trees.set(leftovers.len() as i64);
         applied.leftovers = leftovers;
         removed
     }
