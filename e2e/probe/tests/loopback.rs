@@ -226,8 +226,9 @@ fn throughput_counts_at_the_receiver_what_the_sender_sent() {
 
 #[test]
 fn failures_exit_non_zero_with_a_message_naming_the_cause() {
-    let closed = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-    // Nothing listens on the port any more.
+    // Port 0: nothing can listen there, so the connection is refused whatever else runs. (A port freed by a
+    // dropped listener could be taken by a test running in parallel, and then the connection would succeed.)
+    let closed = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
     let out = probe(&["rtt", "--target", &closed.to_string(), "--proto", "tcp", "--count", "1"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("connecting to the TCP echo"), "{out:?}");
