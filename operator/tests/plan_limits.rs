@@ -184,7 +184,7 @@ fn the_largest_node_plan_within_the_default_limits_fits_the_agent_many_times() {
     let mut s = spec("client", "server-0", 1);
     s.impairment = Some(
         serde_json::from_value(serde_json::json!({
-            "latency": "3599.999999s", "jitter": "1799.999999s", "jitterCorrelation": "99.999999%",
+            "latency": "3599.999999s", "jitter": "2.147483647s", "jitterCorrelation": "99.999999%",
             "loss": {"percent": "99.999999%", "correlation": "99.999999%"},
             "duplicate": {"percent": "99.999999%", "correlation": "99.999999%"},
             "corrupt": {"percent": "99.999999%", "correlation": "99.999999%"},

@@ -162,6 +162,9 @@ mod opt_nanos {
 
 /// netem keeps delays as signed 64-bit nanoseconds; beyond this a value cannot be represented.
 pub const MAX_DELAY: Duration = Duration::from_secs(3600);
+/// The widest jitter netem applies: it keeps the jitter as a signed 32-bit count of nanoseconds (its
+/// `tabledist` takes an `s32`), so anything wider would be cut to this.
+pub const MAX_JITTER: Duration = Duration::from_nanos(i32::MAX as u64);
 /// The longest queue anyone may ask for: 1,000,000 packets, 1.5 GB of full frames — far beyond any link worth
 /// emulating (10 Gbit/s for 1.2 s), yet a number the node's kernel can hold. The agent's queue budgets cut
 /// further (16 MiB per destination by default).
@@ -209,8 +212,14 @@ impl ImpairmentFields {
             return Err(ImpairmentError::new("latency", format!("{l:?} is longer than {MAX_DELAY:?}")));
         }
         if let Some(j) = self.jitter {
-            if j > MAX_DELAY {
-                return Err(ImpairmentError::new("jitter", format!("{j:?} is longer than {MAX_DELAY:?}")));
+            if j > MAX_JITTER {
+                return Err(ImpairmentError::new(
+                    "jitter",
+                    format!(
+                        "{j:?} is wider than {MAX_JITTER:?}, the most the kernel's netem can vary a delay by (it keeps \
+                         jitter in 31 bits of nanoseconds)"
+                    ),
+                ));
             }
             if !j.is_zero() && self.latency.is_none_or(|l| l.is_zero()) {
                 return Err(ImpairmentError::new("jitter", "jitter needs a latency to vary around"));
@@ -298,6 +307,16 @@ mod tests {
     fn impossible_combinations_are_refused() {
         let jitter_alone = ImpairmentFields { jitter: ms(5), ..Default::default() };
         assert_eq!(check(jitter_alone).unwrap_err().field, "jitter");
+        let widest = ImpairmentFields { latency: ms(5000), jitter: Some(MAX_JITTER), ..Default::default() };
+        assert!(check(widest).is_ok());
+        let wider = ImpairmentFields {
+            latency: ms(5000),
+            jitter: Some(MAX_JITTER + Duration::from_nanos(1)),
+            ..Default::default()
+        };
+        let err = check(wider).unwrap_err();
+        assert_eq!(err.field, "jitter");
+        assert!(err.reason.contains("2.147483647s") && err.reason.contains("netem"), "{}", err.reason);
         let zero_rate = ImpairmentFields { rate_bps: Some(0), ..Default::default() };
         assert_eq!(check(zero_rate).unwrap_err().field, "rate");
         let burst_alone = ImpairmentFields { burst_bytes: Some(32_000), ..Default::default() };
