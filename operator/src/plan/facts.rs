@@ -111,7 +111,10 @@ impl Planner {
                 .map(|(link, (won, lost))| Overlap { link: link.clone(), won, lost })
                 .collect(),
             exclusions: {
-                exclusions.sort();
+                // The resolution's are sorted; refusals for pods join them.
+                if exclusions.len() > res.exclusions.len() {
+                    exclusions.sort();
+                }
                 exclusions
             },
         })

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use ipnet::IpNet;
-use isthmus_agent_api::{DestinationPlan, Direction, Impairment, LinkRef, PodPlan, default_interface};
+use isthmus_agent_api::{DestinationPlan, Impairment, LinkRef, PodPlan, default_interface};
 
 use super::limits::Refusal;
 use super::resolve::{Resolution, Source};
@@ -36,14 +36,13 @@ pub struct PodOutput {
 struct Candidate<'a> {
     link: &'a ObjectKey,
     rank: &'a Rank,
-    direction: Direction,
     impairment: &'a Arc<Impairment>,
     link_ref: &'a Arc<LinkRef>,
 }
 
 impl Candidate<'_> {
     fn beats(&self, other: &Candidate<'_>) -> bool {
-        (self.rank.sort_key(), self.direction) < (other.rank.sort_key(), other.direction)
+        (self.rank.sort_key(), self.link_ref.direction) < (other.rank.sort_key(), other.link_ref.direction)
     }
 }
 
@@ -105,7 +104,7 @@ fn candidates<'a>(
     let mut dests: Contest<'a> = BTreeMap::new();
     for (link, res) in links {
         let mut claims: Vec<(IpNet, Candidate<'a>)> = Vec::new();
-        for (direction, side) in res.sides() {
+        for (_, side) in res.sides() {
             let Some(src) = side.source(pod) else { continue };
             source.get_or_insert(src);
             for dest in &side.destinations {
@@ -115,7 +114,7 @@ fn candidates<'a>(
                 }
                 claims.push((
                     *dest,
-                    Candidate { link, rank: &res.rank, direction, impairment: &side.impairment, link_ref: &side.link },
+                    Candidate { link, rank: &res.rank, impairment: &side.impairment, link_ref: &side.link },
                 ));
             }
         }
