@@ -8,3 +8,4 @@ pub mod metrics;
 pub mod netns;
 pub mod node;
 pub mod server;
+pub mod userspace;

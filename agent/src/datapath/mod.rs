@@ -28,7 +28,7 @@ mod probe;
 pub mod queue;
 mod read;
 mod reconcile;
-mod socket;
+pub(crate) mod socket;
 pub mod tree;
 pub mod units;
 

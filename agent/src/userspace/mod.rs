@@ -1,0 +1,242 @@
+//! The second datapath, for nodes whose kernel has no `sch_netem`: the agent emulates the link itself.
+//!
+//! ```text
+//! pod netns:  app ─► route to an impaired destination ─► isth-u0 ══ veth ══╗
+//!                                                                           ║ agent's own netns (unpinned)
+//! agent:      RxSocket (AF_PACKET) ◄────────────────────────────── agent end ╝
+//!               └─► PodPipeline: emulator per destination (delay line, loss, duplication, corruption,
+//!                   reordering, token bucket) ─► TxSocket (raw IP, bound to the pod's eth0) ─► wire
+//! ```
+//!
+//! - [`capture`]: the veth pair and the routes (netlink); fail-open when the agent dies.
+//! - [`pipeline`]: pure: which destination a packet is for, its emulator, when the next one leaves.
+//! - [`sys`]: the sockets and `ppoll`, the only `unsafe` of this datapath.
+//! - [`Shell`] (here): one thread, one poll loop over every pod's socket and the earliest wake-up of all.
+//!
+//! Why these choices (measured where a number is given, by the tests named): routing, not a tc redirect, takes
+//! the packets out, because a route through an interface disappears with it, while a mirred redirect to a
+//! vanished device drops what it matches: the pod's traffic would be black-holed while the agent restarts. A
+//! packet crosses a veth on its way to the agent, which orphans it from its socket, so the sender's TCP small
+//! queues do not throttle it while it waits in the delay line. The raw socket's packets are routed with the
+//! socket bound to the pod's interface, which passes over the capture's routes, so nothing is captured twice.
+
+pub mod capture;
+pub mod pipeline;
+pub mod sys;
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use pipeline::{Frame, PodPipeline, Pushed};
+use sys::{RxSocket, TxSocket};
+
+/// A pod's part in the loop: where its packets arrive, where they leave, what happens in between.
+pub struct PodPath {
+    pub rx: RxSocket,
+    pub tx: TxSocket,
+    pub pipeline: PodPipeline,
+    /// The longest packet the capture passes (its MTU).
+    pub mtu: u32,
+}
+
+/// What the loop counts beyond each emulator's own counters.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ShellCounters {
+    /// Packets the raw socket refused (its queue full, or no route out of the pod's interface).
+    pub send_errors: u64,
+    /// Captured frames that were not IP packets the pipeline could read.
+    pub malformed: u64,
+}
+
+/// A pod's destinations' counters (longest prefix first), and the loop's own.
+pub type PodCounters = (Vec<(ipnet::IpNet, isthmus_agent_api::Counters)>, ShellCounters);
+
+enum Command {
+    Attach(String, Box<PodPath>),
+    Detach(String),
+    /// Replies with the pod's destinations' counters and the loop's.
+    Counters(String, mpsc::Sender<Option<PodCounters>>),
+}
+
+/// Nanoseconds since `epoch`: the emulators' clock.
+fn clock(epoch: Instant) -> u64 {
+    epoch.elapsed().as_nanos() as u64
+}
+
+/// The loop's thread and the way to talk to it. Dropping it stops the loop (its pods' captures stay until
+/// detached or the agent ends).
+pub struct Shell {
+    commands: mpsc::Sender<Command>,
+    /// Writing a byte wakes the loop to read its commands.
+    wake: OwnedFd,
+    thread: Option<JoinHandle<()>>,
+    epoch: Instant,
+}
+
+impl Shell {
+    pub fn start() -> io::Result<Shell> {
+        let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)
+            .map_err(io::Error::from)?;
+        let (commands, inbox) = mpsc::channel();
+        let epoch = Instant::now();
+        let thread = std::thread::Builder::new().name("isthmus-userspace".into()).spawn(move || {
+            Loop::new(read, inbox, epoch).run();
+        })?;
+        Ok(Shell { commands, wake: write, thread: Some(thread), epoch })
+    }
+
+    /// The loop's clock, for the pipelines handed to it (`PodPipeline::new`'s `now`).
+    pub fn now(&self) -> u64 {
+        clock(self.epoch)
+    }
+
+    fn send(&self, command: Command) {
+        // The loop ends only when the Shell is dropped; a failed send means it panicked, which its join reports.
+        let _ = self.commands.send(command);
+        let _ = nix::unistd::write(&self.wake, &[1]);
+    }
+
+    /// Starts (or replaces) `pod`'s path.
+    pub fn attach(&self, pod: &str, path: PodPath) {
+        self.send(Command::Attach(pod.to_owned(), Box::new(path)));
+    }
+
+    /// Stops reading `pod`'s packets; those still in its delay line are dropped.
+    pub fn detach(&self, pod: &str) {
+        self.send(Command::Detach(pod.to_owned()));
+    }
+
+    /// `pod`'s destinations' counters and the loop's own; `None` for a pod not attached.
+    pub fn counters(&self, pod: &str) -> Option<PodCounters> {
+        let (tx, rx) = mpsc::channel();
+        self.send(Command::Counters(pod.to_owned(), tx));
+        rx.recv().ok().flatten()
+    }
+}
+
+impl Drop for Shell {
+    fn drop(&mut self) {
+        let (dead, _) = mpsc::channel();
+        // Dropping the only sender ends the loop at its next wake-up.
+        self.commands = dead;
+        let _ = nix::unistd::write(&self.wake, &[1]);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+struct Loop {
+    wake: OwnedFd,
+    inbox: mpsc::Receiver<Command>,
+    pods: HashMap<String, PodPath>,
+    counters: ShellCounters,
+    epoch: Instant,
+}
+
+impl Loop {
+    fn new(wake: OwnedFd, inbox: mpsc::Receiver<Command>, epoch: Instant) -> Loop {
+        Loop { wake, inbox, pods: HashMap::new(), counters: ShellCounters::default(), epoch }
+    }
+
+    fn now(&self) -> u64 {
+        clock(self.epoch)
+    }
+
+    fn run(mut self) {
+        let mut fds: Vec<RawFd> = Vec::new();
+        let mut names: Vec<String> = Vec::new();
+        let mut readable = Vec::new();
+        let mut due = Vec::new();
+        let mut buf = vec![0u8; 65_536];
+        loop {
+            if !self.read_commands() {
+                return;
+            }
+            fds.clear();
+            names.clear();
+            fds.push(self.wake.as_raw_fd());
+            for (name, path) in &self.pods {
+                fds.push(path.rx.as_raw_fd());
+                names.push(name.clone());
+            }
+            let now = self.now();
+            let next = self.pods.values().filter_map(|p| p.pipeline.next_wakeup()).min();
+            let timeout = next.map(|at| at.saturating_sub(now));
+            if let Err(e) = sys::wait_readable(&fds, timeout, &mut readable) {
+                tracing::error!(error = %e, "the userspace datapath's poll failed");
+                return;
+            }
+            if readable.first() == Some(&true) {
+                let mut drain = [0u8; 64];
+                while nix::unistd::read(&self.wake, &mut drain).is_ok_and(|n| n > 0) {}
+            }
+            for (i, name) in names.iter().enumerate() {
+                if readable.get(i + 1) == Some(&true)
+                    && let Some(path) = self.pods.get_mut(name)
+                {
+                    receive(path, &mut buf, self.epoch, &mut self.counters);
+                }
+            }
+            let now = self.now();
+            for path in self.pods.values_mut() {
+                path.pipeline.pop_due(now, &mut due);
+                for frame in due.drain(..) {
+                    if path.tx.send(frame.bytes(), frame.destination()).is_err() {
+                        self.counters.send_errors += 1;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Applies the commands waiting; false once the Shell is gone.
+    fn read_commands(&mut self) -> bool {
+        loop {
+            match self.inbox.try_recv() {
+                Ok(Command::Attach(name, path)) => {
+                    self.pods.insert(name, *path);
+                }
+                Ok(Command::Detach(name)) => {
+                    self.pods.remove(&name);
+                }
+                Ok(Command::Counters(name, reply)) => {
+                    let answer = self.pods.get(&name).map(|p| (p.pipeline.counters().collect(), self.counters));
+                    let _ = reply.send(answer);
+                }
+                Err(mpsc::TryRecvError::Empty) => return true,
+                Err(mpsc::TryRecvError::Disconnected) => return false,
+            }
+        }
+    }
+}
+
+/// Reads what is waiting on the pod's capture (a bounded batch, so one busy pod cannot starve the others or
+/// the delay line) into its pipeline; packets for no destination leave at once.
+fn receive(path: &mut PodPath, buf: &mut [u8], epoch: Instant, counters: &mut ShellCounters) {
+    const BATCH: usize = 64;
+    let len = (path.mtu as usize).clamp(68, buf.len());
+    for _ in 0..BATCH {
+        let got = match path.rx.recv(&mut buf[..len]) {
+            Ok(Some(got)) => got,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading a pod's captured packets failed");
+                return;
+            }
+        };
+        let Some(frame) = Frame::parse(buf[..got.len].to_vec()) else {
+            counters.malformed += 1;
+            continue;
+        };
+        if let Pushed::PassThrough(frame) = path.pipeline.push(frame, clock(epoch))
+            && path.tx.send(frame.bytes(), frame.destination()).is_err()
+        {
+            counters.send_errors += 1;
+        }
+    }
+}

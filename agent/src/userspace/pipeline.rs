@@ -1,0 +1,194 @@
+//! One pod's captured packets through its destinations' emulators: pure, over packets and a clock passed in.
+//!
+//! A packet is matched to the destination with the longest prefix that holds its destination address (the capture
+//! routes it the same way), goes through that destination's [`Emulator`], and leaves when the emulator lets it.
+//! A timer heap holds one wake-up per destination with packets waiting, so a pod with thousands of
+//! destinations costs a heap operation per packet, not a scan.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
+
+use ipnet::IpNet;
+use isthmus_agent_api::{Counters, Impairment};
+
+use crate::datapath::QueueBudget;
+use crate::emulator::{Emulator, Packet, Verdict};
+
+/// The Ethernet header the pod's interface puts before each packet. The kernel's qdiscs count it in a packet's
+/// length (rates, queue bytes, netem's choice of the byte to corrupt); the emulator does the same, so both
+/// datapaths give one impairment one meaning.
+pub const LINK_HEADER: usize = 14;
+
+/// A captured IP packet on its way through the pipeline.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame {
+    bytes: Vec<u8>,
+    destination: IpAddr,
+    /// The bytes of the IPv4 header, which the kernel rewrites (length, checksum) when the packet is sent again.
+    v4_header: usize,
+    /// A corrupted bit that makes the receiver drop the packet, which the raw socket's rewrite would hide.
+    doomed: bool,
+}
+
+impl Frame {
+    /// `None` for anything but a well-formed IPv4 or IPv6 header.
+    pub fn parse(bytes: Vec<u8>) -> Option<Frame> {
+        let (destination, v4_header) = match bytes.first()? >> 4 {
+            4 => {
+                let header = usize::from(bytes[0] & 0x0f) * 4;
+                if header < 20 || bytes.len() < header {
+                    return None;
+                }
+                (IpAddr::V4(Ipv4Addr::new(bytes[16], bytes[17], bytes[18], bytes[19])), header)
+            }
+            6 => {
+                let octets: [u8; 16] = bytes.get(24..40)?.try_into().ok()?;
+                (IpAddr::V6(Ipv6Addr::from(octets)), 0)
+            }
+            _ => return None,
+        };
+        Some(Frame { bytes, destination, v4_header, doomed: false })
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    pub fn destination(&self) -> IpAddr {
+        self.destination
+    }
+
+    pub fn into_bytes(self) -> Vec<u8> {
+        self.bytes
+    }
+}
+
+impl Packet for Frame {
+    /// On the wire: with its Ethernet header.
+    fn len(&self) -> usize {
+        LINK_HEADER + self.bytes.len()
+    }
+
+    /// netem flips a bit anywhere in the Ethernet frame. The receiver drops a frame whose destination MAC or
+    /// EtherType changed, and a packet whose IPv4 header checksum fails; the raw socket that sends the packet on
+    /// writes its own Ethernet header and a fresh IPv4 checksum, so such a flip is remembered and the packet
+    /// dropped here instead. A flipped source MAC changes nothing; IPv6 has no header checksum, so its flips
+    /// travel, as with netem.
+    fn flip_bit(&mut self, byte: usize, bit: u8) {
+        match byte.checked_sub(LINK_HEADER) {
+            None => self.doomed |= !(6..12).contains(&byte),
+            Some(at) => {
+                self.bytes[at] ^= 1 << bit;
+                self.doomed |= at < self.v4_header;
+            }
+        }
+    }
+}
+
+/// What the pipeline did with a packet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Pushed {
+    /// To a destination's emulator, with its verdict.
+    Emulated(Verdict),
+    /// No destination holds its address (a route the capture has not yet withdrawn): it goes on unchanged.
+    PassThrough(Frame),
+}
+
+struct Destination {
+    net: IpNet,
+    emulator: Emulator<Frame>,
+    /// The wake-up of this destination in the heap that is current (older entries for it are skipped).
+    scheduled: Option<u64>,
+}
+
+/// One pod's destinations and their emulators.
+pub struct PodPipeline {
+    /// Longest prefix first, so the first match is the longest.
+    destinations: Vec<Destination>,
+    wakeups: BinaryHeap<Reverse<(u64, usize)>>,
+    /// Packets a bit flip doomed (see [`Frame::flip_bit`]).
+    doomed: u64,
+}
+
+impl PodPipeline {
+    /// Emulators for `destinations` (at most one per prefix), their queues held to `budget`, started at `now`;
+    /// `seed` makes the random draws of a run repeatable.
+    pub fn new(destinations: &[(IpNet, Arc<Impairment>)], budget: &QueueBudget, seed: u64, now: u64) -> Self {
+        let bound = budget.bound(destinations.len());
+        let mut destinations: Vec<Destination> = destinations
+            .iter()
+            .enumerate()
+            .map(|(i, (net, imp))| Destination {
+                net: *net,
+                emulator: Emulator::new(imp, bound, seed.wrapping_add(i as u64), now),
+                scheduled: None,
+            })
+            .collect();
+        destinations.sort_by_key(|d| Reverse(d.net.prefix_len()));
+        PodPipeline { destinations, wakeups: BinaryHeap::new(), doomed: 0 }
+    }
+
+    fn find(&self, address: IpAddr) -> Option<usize> {
+        self.destinations.iter().position(|d| d.net.contains(&address))
+    }
+
+    pub fn push(&mut self, frame: Frame, now: u64) -> Pushed {
+        let Some(i) = self.find(frame.destination) else { return Pushed::PassThrough(frame) };
+        let verdict = self.destinations[i].emulator.push(frame, now);
+        self.reschedule(i, now);
+        Pushed::Emulated(verdict)
+    }
+
+    /// Puts the destination's next wake-up in the heap when it is earlier than the one there.
+    fn reschedule(&mut self, i: usize, now: u64) {
+        let d = &mut self.destinations[i];
+        if let Some(at) = d.emulator.next_wakeup(now)
+            && d.scheduled.is_none_or(|s| at < s)
+        {
+            d.scheduled = Some(at);
+            self.wakeups.push(Reverse((at, i)));
+        }
+    }
+
+    /// Appends to `out` every packet that may leave at `now`, in departure order per destination.
+    pub fn pop_due(&mut self, now: u64, out: &mut Vec<Frame>) {
+        while let Some(&Reverse((at, i))) = self.wakeups.peek() {
+            if at > now {
+                break;
+            }
+            self.wakeups.pop();
+            if self.destinations[i].scheduled != Some(at) {
+                continue;
+            }
+            self.destinations[i].scheduled = None;
+            while let Some(frame) = self.destinations[i].emulator.pop(now) {
+                if frame.doomed {
+                    self.doomed += 1;
+                } else {
+                    out.push(frame);
+                }
+            }
+            self.reschedule(i, now);
+        }
+    }
+
+    /// When [`PodPipeline::pop_due`] next has something to do; `None` while nothing is queued.
+    pub fn next_wakeup(&self) -> Option<u64> {
+        self.wakeups.peek().map(|Reverse((at, _))| *at)
+    }
+
+    /// Each destination's counters, longest prefix first.
+    pub fn counters(&self) -> impl Iterator<Item = (IpNet, Counters)> + '_ {
+        self.destinations.iter().map(|d| (d.net, d.emulator.counters()))
+    }
+
+    /// Packets dropped because a corrupted bit would have made their receiver drop them.
+    pub fn doomed(&self) -> u64 {
+        self.doomed
+    }
+}
+
+#[cfg(test)]
+mod tests;

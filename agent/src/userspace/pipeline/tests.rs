@@ -1,0 +1,143 @@
+//! The pipeline driven as its shell drives it: frames pushed at their arrival, popped at every wake-up it asks
+//! for.
+
+use std::time::Duration;
+
+use isthmus_agent_api::{Correlated, ImpairmentFields, Percent};
+use proptest::prelude::*;
+
+use super::*;
+
+const MS: u64 = 1_000_000;
+
+fn imp(fields: ImpairmentFields) -> Arc<Impairment> {
+    Arc::new(Impairment::try_from(fields).expect("a valid impairment"))
+}
+
+fn latency(ms: u64) -> Arc<Impairment> {
+    imp(ImpairmentFields { latency: Some(Duration::from_millis(ms)), ..Default::default() })
+}
+
+/// An IPv4 packet of `len` bytes (at least 28) to `to`, numbered `n` in its payload.
+fn v4(to: [u8; 4], n: u16, len: usize) -> Frame {
+    let mut b = vec![0u8; len.max(28)];
+    b[0] = 0x45;
+    b[16..20].copy_from_slice(&to);
+    b[20..22].copy_from_slice(&n.to_be_bytes());
+    Frame::parse(b).expect("well formed")
+}
+
+fn number(f: &Frame) -> u16 {
+    u16::from_be_bytes([f.bytes()[20], f.bytes()[21]])
+}
+
+fn net(s: &str) -> IpNet {
+    s.parse().unwrap()
+}
+
+/// Pushes (time, frame) in order, pops at every wake-up; (time, frame) of each departure.
+fn run(p: &mut PodPipeline, arrivals: Vec<(u64, Frame)>) -> Vec<(u64, Frame)> {
+    let mut out = Vec::new();
+    let mut due = Vec::new();
+    let mut arrivals = arrivals.into_iter().peekable();
+    let mut now = 0;
+    loop {
+        while let Some((_, f)) = arrivals.next_if(|(t, _)| *t <= now) {
+            if let Pushed::PassThrough(f) = p.push(f, now) {
+                out.push((now, f));
+            }
+        }
+        p.pop_due(now, &mut due);
+        out.extend(due.drain(..).map(|f| (now, f)));
+        now = match (p.next_wakeup(), arrivals.peek().map(|(t, _)| *t)) {
+            (Some(w), Some(a)) => w.min(a),
+            (Some(w), None) => w,
+            (None, Some(a)) => a,
+            (None, None) => return out,
+        }
+        .max(now + 1);
+    }
+}
+
+#[test]
+fn parses_the_destination_of_either_family_and_refuses_the_rest() {
+    assert_eq!(v4([10, 0, 0, 9], 0, 40).destination(), "10.0.0.9".parse::<IpAddr>().unwrap());
+    let mut six = vec![0u8; 48];
+    six[0] = 0x60;
+    six[24..40].copy_from_slice(&"fd00::7".parse::<Ipv6Addr>().unwrap().octets());
+    assert_eq!(Frame::parse(six).unwrap().destination(), "fd00::7".parse::<IpAddr>().unwrap());
+    for bad in [vec![], vec![0x45; 10], vec![0x44; 40], vec![0x60; 39], vec![0x20; 60]] {
+        assert_eq!(Frame::parse(bad.clone()), None, "{bad:?}");
+    }
+}
+
+#[test]
+fn the_longest_prefix_takes_the_packet_and_others_pass_through() {
+    let budget = QueueBudget::default();
+    let mut p = PodPipeline::new(&[(net("10.0.0.0/8"), latency(50)), (net("10.1.2.3/32"), latency(5))], &budget, 1, 0);
+    let out = run(
+        &mut p,
+        vec![(0, v4([10, 1, 2, 3], 1, 40)), (0, v4([10, 9, 9, 9], 2, 40)), (0, v4([192, 168, 0, 1], 3, 40))],
+    );
+    let at: Vec<(u64, u16)> = out.iter().map(|(t, f)| (*t, number(f))).collect();
+    assert_eq!(at, vec![(0, 3), (5 * MS, 1), (50 * MS, 2)]);
+}
+
+#[test]
+fn a_flip_the_receiver_would_refuse_drops_the_packet() {
+    let corrupt = imp(ImpairmentFields {
+        corrupt: Some(Correlated { percent: Percent::new("corrupt", 100.0).unwrap(), correlation: Percent::ZERO }),
+        ..Default::default()
+    });
+    let mut p = PodPipeline::new(&[(net("10.0.0.0/8"), corrupt)], &QueueBudget::default(), 3, 0);
+    let n = 2_000u16;
+    let out = run(&mut p, (0..n).map(|i| (u64::from(i), v4([10, 0, 0, 1], i, 40))).collect());
+    // Every frame has one bit flipped. Of its 54 bytes (14 Ethernet, 20 IPv4 header, 20 payload), 8 of the
+    // Ethernet header's (destination MAC, EtherType) and the 20 of the IPv4 header doom it: 28/54.
+    assert_eq!(out.len() as u64 + p.doomed(), u64::from(n));
+    let share = p.doomed() as f64 / f64::from(n);
+    let sigma = (28.0 / 54.0 * (26.0 / 54.0) / f64::from(n)).sqrt();
+    assert!((share - 28.0 / 54.0).abs() < 4.5 * sigma, "{share} of the frames doomed, want 28/54");
+}
+
+fn scenario() -> impl Strategy<Value = (Vec<u64>, Vec<(u64, u8, usize)>)> {
+    (prop::collection::vec(0u64..40, 1..6), prop::collection::vec((0u64..20 * MS, 0u8..8, 28usize..1500), 0..200))
+        .prop_map(|(latencies, mut arrivals)| {
+            arrivals.sort_by_key(|a| a.0);
+            (latencies, arrivals)
+        })
+}
+
+proptest! {
+    /// With latency alone: every packet leaves, exactly once, no earlier than its destination's delay and in
+    /// arrival order per destination; addresses no destination holds pass at once; the timer heap is empty at
+    /// the end (stale wake-ups do not pile up).
+    #[test]
+    fn latency_alone_delays_every_packet_exactly((latencies, arrivals) in scenario()) {
+        // destinations 10.0.i.0/24 for i < latencies.len(); address 10.0.k.1 with k up to 7, so some pass
+        let dests: Vec<(IpNet, Arc<Impairment>)> = latencies
+            .iter()
+            .enumerate()
+            .map(|(i, ms)| (net(&format!("10.0.{i}.0/24")), latency(*ms)))
+            .collect();
+        let mut p = PodPipeline::new(&dests, &QueueBudget::default(), 9, 0);
+        let frames: Vec<(u64, Frame)> =
+            arrivals.iter().enumerate().map(|(n, (t, k, len))| (*t, v4([10, 0, *k, 1], n as u16, *len))).collect();
+        let out = run(&mut p, frames);
+        prop_assert_eq!(out.len(), arrivals.len());
+        let mut seen = vec![false; arrivals.len()];
+        let mut last_per_destination = std::collections::HashMap::new();
+        for (t, f) in &out {
+            let n = usize::from(number(f));
+            prop_assert!(!seen[n], "packet {} left twice", n);
+            seen[n] = true;
+            let (arrived, k, _) = arrivals[n];
+            let delay = latencies.get(usize::from(k)).map_or(0, |ms| ms * MS);
+            prop_assert_eq!(*t, arrived + delay, "packet {} to 10.0.{}.1", n, k);
+            if let Some(prev) = last_per_destination.insert(k, n) {
+                prop_assert!(prev < n, "packets to 10.0.{}.1 reordered", k);
+            }
+        }
+        prop_assert!(p.wakeups.is_empty());
+    }
+}
