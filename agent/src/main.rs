@@ -17,7 +17,7 @@ use isthmus_agent::datapath::QueueBudget;
 use isthmus_agent::datapath::queue::{DEFAULT_BYTES_PER_DESTINATION, DEFAULT_BYTES_PER_POD};
 use isthmus_agent::metrics::Metrics;
 use isthmus_agent::netns::Sources;
-use isthmus_agent::node::{self, Node, NodeConfig};
+use isthmus_agent::node::{self, DatapathChoice, Node, NodeConfig};
 use isthmus_agent::server::{self, Health, Limits, PlainListener, TlsListener};
 use isthmus_agent_api::tls::TlsFiles;
 
@@ -32,6 +32,8 @@ struct Cli {
     common: CommonArgs,
 }
 
+// Parsed once at start-up: the size of the larger variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum Mode {
     /// Serve the operator's API (the default).
@@ -46,6 +48,27 @@ enum Mode {
         #[command(flatten)]
         common: CommonArgs,
     },
+}
+
+/// `--datapath`: which datapath the agent gives its pods.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum DatapathArg {
+    /// The tc tree where the kernel has sch_netem, the agent's own emulator where it has not.
+    Auto,
+    /// Always the tc tree (links that need netem fail on kernels without it).
+    Tc,
+    /// Always the agent's own emulator.
+    Userspace,
+}
+
+impl From<DatapathArg> for DatapathChoice {
+    fn from(arg: DatapathArg) -> Self {
+        match arg {
+            DatapathArg::Auto => DatapathChoice::Auto,
+            DatapathArg::Tc => DatapathChoice::Tc,
+            DatapathArg::Userspace => DatapathChoice::Userspace,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -113,6 +136,9 @@ struct ServeArgs {
     /// 4,095 frames, one per destination an interface may have).
     #[arg(long, env = "ISTHMUS_QUEUE_BYTES_PER_POD", default_value_t = DEFAULT_BYTES_PER_POD)]
     queue_bytes_per_pod: u64,
+    /// The datapath every pod of this node gets (docs/datapaths.md).
+    #[arg(long, env = "ISTHMUS_DATAPATH", value_enum, default_value = "auto")]
+    datapath: DatapathArg,
 }
 
 fn init_logging(format: LogFormat) {
@@ -198,6 +224,7 @@ async fn serve(args: ServeArgs, common: CommonArgs) -> anyhow::Result<()> {
             sources: sources(&common),
             parallelism: common.parallelism,
             queue_budget,
+            datapath: args.datapath.into(),
         },
         metrics.clone(),
     )

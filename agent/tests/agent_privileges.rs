@@ -1,5 +1,6 @@
 //! Least privilege, checked by running the agent binary with capabilities dropped (capsh): NET_ADMIN,
-//! SYS_ADMIN and SYS_PTRACE are enough for everything, and each of them is needed for part of the work.
+//! SYS_ADMIN and SYS_PTRACE are enough for everything the tc datapath does, and each of them is needed for part
+//! of the work; the userspace datapath needs NET_RAW as well.
 
 mod agent_common;
 
@@ -154,4 +155,34 @@ async fn agent_privileges_net_admin_sys_admin_sys_ptrace_suffice_and_each_is_nee
     );
     assert!(!pinned_pod.qdiscs("eth0").contains("htb"));
     drop(sleeper);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_privileges_the_userspace_datapath_needs_net_raw_as_well() {
+    let k = (std::process::id() % 200 + 20) as u8;
+    let dirs = agent_common::agent_dirs("isth-privu-");
+    let pod_ns = Ns::new_pinned("isth-apu-pin-", &dirs.1);
+    let peer = Ns::new("isth-apu-peer-");
+    let (pod_ip, peer_ip): (IpAddr, IpAddr) =
+        (format!("10.248.{k}.2").parse().unwrap(), format!("10.248.{k}.1").parse().unwrap());
+    veth(&pod_ns, "eth0", pod_ip, &peer, "eth0", peer_ip);
+    let certs = TestCerts::new();
+    let tls_dir = certs.agent_dir();
+    let options = AgentOptions::in_dirs(NODE, &tls_dir, &dirs, &[("ISTHMUS_DATAPATH", "userspace")]);
+    let client = certs.operator();
+    let apply_with = async |caps: &[&str], version: u64| {
+        let agent = Agent::start_with_caps(&options, Some(caps));
+        let plan = NodePlan { node: NODE.into(), version, pods: vec![pod("pinned", pod_ip, peer_ip)] };
+        let reply = client.apply(agent.api, &plan).await.unwrap();
+        let empty = NodePlan { node: NODE.into(), version: version + 1, pods: vec![] };
+        client.apply(agent.api, &empty).await.unwrap();
+        assert!(!ip(&["-n", &pod_ns.name, "-o", "link"]).contains("isth-u0"), "the capture stayed after an empty plan");
+        reply.pods
+    };
+    let all = apply_with(&["cap_net_admin", "cap_net_raw", "cap_sys_admin", "cap_sys_ptrace"], 1).await;
+    assert_eq!(kind(&all, "pinned"), None, "{all:?}");
+    let no_raw = apply_with(&["cap_net_admin", "cap_sys_admin", "cap_sys_ptrace"], 3).await;
+    assert_eq!(kind(&no_raw, "pinned"), Some(PodErrorKind::Kernel), "{no_raw:?}");
+    let PodOutcome::Failed(error) = &no_raw[0].outcome else { unreachable!() };
+    assert!(error.message.contains("packet socket"), "the failure names what needs NET_RAW: {}", error.message);
 }

@@ -2,14 +2,16 @@
 //! destination is emulated by the agent's loop, the others are not, and when the agent's namespace goes the pod's
 //! traffic flows unimpaired again. Needs root (CI runs as root); traffic stays between the test's namespaces.
 
+#[path = "echo/mod.rs"]
+mod echo;
 #[path = "datapath_support/mod.rs"]
 mod support;
 
 use std::net::{IpAddr, UdpSocket};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use echo::{ECHO_PORT, Echo, WAIT, median, round_trips};
 use isthmus_agent::datapath::QueueBudget;
 use isthmus_agent::netns::Netns;
 use isthmus_agent::userspace::capture::{Capture, POD_END};
@@ -21,81 +23,18 @@ use isthmus_agent_api::{Correlated, Impairment, ImpairmentFields, Loss, Percent}
 use support::goodput::assert_rate_within;
 use support::{Pair, in_netns, net, run};
 
-const ECHO_PORT: u16 = 7007;
-/// How long a probe waits for its echo: far beyond any round trip here but a lost one.
-const WAIT: Duration = Duration::from_millis(300);
+/// An echo server on `ip` inside namespace `ns`.
+fn echo(ns: &str, ip: IpAddr) -> Echo {
+    Echo::serve(in_netns(ns, || UdpSocket::bind((ip, ECHO_PORT))).unwrap())
+}
+
+/// Probes from namespace `ns` to `dst` (see [`round_trips`]).
+fn probe(ns: &str, dst: IpAddr, count: u32, wait: Duration) -> Vec<Option<f64>> {
+    round_trips(in_netns(ns, || UdpSocket::bind(("0.0.0.0", 0))).unwrap(), dst, count, wait)
+}
 
 fn impairment(fields: ImpairmentFields) -> Arc<Impairment> {
     Arc::new(Impairment::try_from(fields).expect("valid"))
-}
-
-/// A UDP echo server on an address in a namespace, answering until dropped (or for two minutes at most).
-struct Echo {
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Echo {
-    fn start(ns: &str, ip: IpAddr) -> Echo {
-        let socket = in_netns(ns, || UdpSocket::bind((ip, ECHO_PORT))).unwrap();
-        socket.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
-        let stop = Arc::new(AtomicBool::new(false));
-        let stopped = stop.clone();
-        let until = Instant::now() + Duration::from_secs(120);
-        let thread = std::thread::spawn(move || {
-            let mut buf = [0u8; 2048];
-            while !stopped.load(Ordering::Relaxed) && Instant::now() < until {
-                if let Ok((n, from)) = socket.recv_from(&mut buf) {
-                    let _ = socket.send_to(&buf[..n], from);
-                }
-            }
-        });
-        Echo { stop, thread: Some(thread) }
-    }
-}
-
-impl Drop for Echo {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-/// Round trips (ms) of `count` numbered UDP probes from namespace `a` to `dst`, 5 ms apart; lost ones are
-/// `None`. Each probe waits at most `wait` for its echo.
-fn round_trips(a: &str, dst: IpAddr, count: u32, wait: Duration) -> Vec<Option<f64>> {
-    let socket = in_netns(a, || UdpSocket::bind(("0.0.0.0", 0))).unwrap();
-    socket.connect((dst, ECHO_PORT)).unwrap();
-    socket.set_read_timeout(Some(wait)).unwrap();
-    let mut out = Vec::new();
-    let mut buf = [0u8; 64];
-    for n in 0..count {
-        let sent = Instant::now();
-        socket.send(&n.to_be_bytes()).unwrap();
-        let mut rtt = None;
-        while sent.elapsed() < wait {
-            match socket.recv(&mut buf) {
-                Ok(4) if buf[..4] == n.to_be_bytes() => {
-                    rtt = Some(sent.elapsed().as_secs_f64() * 1000.0);
-                    break;
-                }
-                Ok(_) => {}
-                Err(_) => break,
-            }
-        }
-        out.push(rtt);
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    out
-}
-
-fn median(rtts: &[Option<f64>]) -> f64 {
-    let mut v: Vec<f64> = rtts.iter().flatten().copied().collect();
-    assert!(!v.is_empty(), "every probe was lost");
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// The capture and the loop for namespace `a` of `pair`, emulating `destinations`.
@@ -107,7 +46,8 @@ async fn start(pair: &Pair, destinations: &[(ipnet::IpNet, Arc<Impairment>)]) ->
     let rx = agent_ns.run_inside(move || RxSocket::open(agent_end)).await.unwrap().unwrap();
     let tx = pod_ns.run_inside(|| TxSocket::open("va")).await.unwrap().unwrap();
     let shell = Shell::start().unwrap();
-    let pipeline = PodPipeline::new(destinations, &QueueBudget::default(), 1, shell.now());
+    let bound = QueueBudget::default().bound(destinations.len());
+    let pipeline = PodPipeline::new(destinations.iter().map(|(n, i)| (n, i.as_ref())), bound, 1, shell.now());
     shell.attach("a", PodPath { rx, tx, pipeline, mtu: capture.mtu });
     for (destination, _) in destinations {
         capture.route(*destination, Some("10.77.0.1".parse().unwrap())).await.unwrap();
@@ -119,13 +59,13 @@ async fn start(pair: &Pair, destinations: &[(ipnet::IpNet, Arc<Impairment>)]) ->
 async fn a_captured_destination_is_delayed_its_neighbour_is_not_and_the_agents_end_takes_the_capture_with_it() {
     let pair = Pair::new("us-lat");
     let (impaired, free): (IpAddr, IpAddr) = ("10.77.0.2".parse().unwrap(), "10.77.0.3".parse().unwrap());
-    let echoes = [Echo::start(&pair.b, impaired), Echo::start(&pair.b, free)];
+    let echoes = [echo(&pair.b, impaired), echo(&pair.b, free)];
     let latency = impairment(ImpairmentFields { latency: Some(Duration::from_millis(20)), ..Default::default() });
     let (agent_ns, pod_ns, capture, shell) = start(&pair, &[(net("10.77.0.2/32"), latency)]).await;
 
     let a = pair.a.clone();
     let (slow, fast) =
-        tokio::task::spawn_blocking(move || (round_trips(&a, impaired, 100, WAIT), round_trips(&a, free, 100, WAIT)))
+        tokio::task::spawn_blocking(move || (probe(&a, impaired, 100, WAIT), probe(&a, free, 100, WAIT)))
             .await
             .unwrap();
     let (slow, fast) = (median(&slow), median(&fast));
@@ -153,7 +93,7 @@ async fn a_captured_destination_is_delayed_its_neighbour_is_not_and_the_agents_e
     let routes = run(&["ip", "-n", &pair.a, "route"]);
     assert!(!routes.contains("10.77.0.2"), "a capture route outlived it:\n{routes}");
     let a = pair.a.clone();
-    let after = median(&tokio::task::spawn_blocking(move || round_trips(&a, impaired, 50, WAIT)).await.unwrap());
+    let after = median(&tokio::task::spawn_blocking(move || probe(&a, impaired, 50, WAIT)).await.unwrap());
     println!("after the agent's namespace went: {after:.3} ms");
     assert!(after < 3.0, "the pod's traffic is still delayed ({after} ms) or gone after the agent");
     drop(pod_ns);
@@ -164,7 +104,7 @@ async fn a_captured_destination_is_delayed_its_neighbour_is_not_and_the_agents_e
 async fn random_loss_drops_its_share_in_the_agents_loop() {
     let pair = Pair::new("us-loss");
     let impaired: IpAddr = "10.77.0.2".parse().unwrap();
-    let _echo = Echo::start(&pair.b, impaired);
+    let _echo = echo(&pair.b, impaired);
     let half = Percent::new("loss", 30.0).unwrap();
     let lossy = impairment(ImpairmentFields {
         loss: Some(Loss::Random(Correlated { percent: half, correlation: Percent::ZERO })),
@@ -173,8 +113,7 @@ async fn random_loss_drops_its_share_in_the_agents_loop() {
     let (_agent_ns, _pod_ns, capture, shell) = start(&pair, &[(net("10.77.0.2/32"), lossy)]).await;
     let a = pair.a.clone();
     let n = 600;
-    let rtts =
-        tokio::task::spawn_blocking(move || round_trips(&a, impaired, n, Duration::from_millis(50))).await.unwrap();
+    let rtts = tokio::task::spawn_blocking(move || probe(&a, impaired, n, Duration::from_millis(50))).await.unwrap();
     let lost = rtts.iter().filter(|r| r.is_none()).count() as f64 / f64::from(n);
     // 30 % of the probes; their echoes are not captured. 4.5 binomial standard errors either side.
     let sigma = (0.3f64 * 0.7 / f64::from(n)).sqrt();

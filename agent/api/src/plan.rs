@@ -211,6 +211,20 @@ pub struct Capabilities {
     pub u32: bool,
     /// True when the kernel refuses a duplicating netem next to other netems on one interface.
     pub duplicate_restricted: bool,
+    /// The datapath this agent gives every pod (chosen at start-up from `netem` and the agent's setting).
+    #[serde(default)]
+    pub datapath: DatapathKind,
+}
+
+/// How an agent impairs its pods' egress; one per node, never mixed within a pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum DatapathKind {
+    /// Per-destination qdisc trees in the kernel (HTB, TBF, netem, u32).
+    #[default]
+    Tc,
+    /// The agent's own link emulator, for kernels without sch_netem: packets routed to the agent and back.
+    Userspace,
 }
 
 /// Kernel counters of one qdisc or class.

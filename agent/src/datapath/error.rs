@@ -57,6 +57,10 @@ pub enum DatapathError {
     /// The kernel's reply could not be understood.
     #[error("{place}: {message}")]
     Protocol { place: Place, message: String },
+
+    /// The userspace datapath could not capture the pod's destinations or open its sockets.
+    #[error("{place}: userspace datapath: {source}")]
+    Emulation { place: Place, source: Box<crate::userspace::EmulationError> },
 }
 
 impl DatapathError {
@@ -67,7 +71,9 @@ impl DatapathError {
             DatapathError::ForeignQdisc { .. } => PodErrorKind::ForeignQdisc,
             DatapathError::KernelUnsupported { .. } => PodErrorKind::KernelUnsupported,
             DatapathError::DuplicateRestriction { .. } => PodErrorKind::DuplicateRestriction,
+            DatapathError::Emulation { source, .. } if source.interface_missing() => PodErrorKind::InterfaceNotFound,
             DatapathError::Kernel { .. }
+            | DatapathError::Emulation { .. }
             | DatapathError::Namespace { .. }
             | DatapathError::NamespaceUnavailable { .. }
             | DatapathError::Protocol { .. } => PodErrorKind::Kernel,

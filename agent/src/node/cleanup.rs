@@ -13,7 +13,7 @@ use crate::netns::Sources;
 pub async fn cleanup(sources: &Sources, parallelism: usize) -> std::io::Result<(usize, Vec<String>)> {
     let installed = find_installed(sources, None, parallelism).await?;
     // The cleanup mode serves no metrics: what it counts goes with it.
-    let trees = Trees::new(Arc::new(Metrics::new()), parallelism);
+    let trees = Trees::new(Arc::new(Metrics::new()), parallelism, None);
     let removals = installed.into_iter().map(|e| Removal::unowned(e.netns, e.interface)).collect();
     let mut removed = 0;
     let mut errors = Vec::new();

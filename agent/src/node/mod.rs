@@ -44,7 +44,7 @@ mod trees;
 use std::future::Future;
 use std::sync::{Arc, Mutex as StdMutex, RwLock};
 
-use isthmus_agent_api::{ApplyReply, Capabilities, ObservedState};
+use isthmus_agent_api::{ApplyReply, Capabilities, DatapathKind, ObservedState};
 
 pub use self::apply::ApplyError;
 pub use self::cleanup::cleanup;
@@ -64,6 +64,26 @@ pub struct NodeConfig {
     pub parallelism: usize,
     /// What each pod's queues may hold (`crate::datapath::queue`).
     pub queue_budget: QueueBudget,
+    pub datapath: DatapathChoice,
+}
+
+/// Which datapath the agent gives its pods.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DatapathChoice {
+    /// The tc tree where the kernel has sch_netem, the userspace datapath where it has not.
+    #[default]
+    Auto,
+    Tc,
+    Userspace,
+}
+
+impl DatapathChoice {
+    pub fn resolve(self, netem: bool) -> DatapathKind {
+        match (self, netem) {
+            (DatapathChoice::Tc, _) | (DatapathChoice::Auto, true) => DatapathKind::Tc,
+            (DatapathChoice::Userspace, _) | (DatapathChoice::Auto, false) => DatapathKind::Userspace,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -81,8 +101,13 @@ impl Node {
     /// Probes the kernel and adopts the isthmus trees already installed in the node's namespaces (without
     /// changing them).
     pub async fn start(config: NodeConfig, metrics: Arc<Metrics>) -> std::io::Result<Arc<Self>> {
-        let capabilities = crate::datapath::probe().await;
+        let mut capabilities = crate::datapath::probe().await;
+        capabilities.datapath = config.datapath.resolve(capabilities.netem);
         tracing::info!(?capabilities, "kernel capabilities probed");
+        let userspace = match capabilities.datapath {
+            DatapathKind::Tc => None,
+            DatapathKind::Userspace => Some(crate::userspace::Userspace::start().await?),
+        };
         let resolver = Resolver::new(config.sources.clone())?;
         let adopted = adopt::find_installed(&config.sources, Some(resolver.own_id()), config.parallelism).await?;
         for entry in &adopted {
@@ -91,7 +116,7 @@ impl Node {
         release_freed_memory();
         let snapshot = Snapshot { version: 0, pods: Vec::new(), adopted: adopted.clone() };
         Ok(Arc::new(Self {
-            trees: Trees::new(metrics.clone(), config.parallelism),
+            trees: Trees::new(metrics.clone(), config.parallelism, userspace),
             config,
             capabilities,
             resolver: Arc::new(StdMutex::new(resolver)),

@@ -8,8 +8,8 @@ use ipnet::IpNet;
 use isthmus_agent_api::{LeftoverTree, LinkRef, PodResult};
 
 use super::plan::Destination;
-use super::trees::Removal;
-use crate::datapath::{Datapath, DatapathError, DesiredState, QueueBudget};
+use super::trees::{PodDatapath, Removal};
+use crate::datapath::{DatapathError, DesiredState, QueueBudget};
 use crate::metrics::PodName;
 use crate::netns::Netns;
 
@@ -20,7 +20,7 @@ pub(super) struct InstalledPod {
     pub interface: String,
     pub netns: Arc<Netns>,
     /// Kept across plans while the pod stays in the same namespace; its record makes the next plan cheap.
-    pub datapath: Arc<Datapath>,
+    pub datapath: Arc<PodDatapath>,
     /// What the plan asked for, per destination (sorted): the impairment and the link that asked for it, each
     /// shared with every destination that has the same one. The resync brings the kernel back to it.
     pub destinations: Vec<Destination>,
@@ -100,7 +100,7 @@ impl Leftover {
 
 impl Applied {
     /// The pod's connection, while the pod is still in the namespace it was opened in.
-    pub fn kept_datapath(&self, uid: &str, netns: &Netns) -> Option<Arc<Datapath>> {
+    pub fn kept_datapath(&self, uid: &str, netns: &Netns) -> Option<Arc<PodDatapath>> {
         self.pods
             .get(uid)
             .filter(|previous| previous.netns.id() == netns.id())

@@ -11,6 +11,15 @@ use isthmus_agent_api::{Counters, LinkRef};
 use crate::datapath::{Datapath, DatapathError, DesiredState};
 use crate::metrics::{Metrics, PodName};
 use crate::netns::Netns;
+use crate::userspace::{PodEmulation, Userspace};
+
+/// A pod's handle on the node's datapath, kept across plans while the pod stays in its namespace.
+pub(super) enum PodDatapath {
+    /// The tc tree's connection and record.
+    Tc(Datapath),
+    /// The pod's capture and path through the agent's loop.
+    Userspace(PodEmulation),
+}
 
 /// Which way a pod is reconciled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,7 +44,7 @@ impl ReconcilePath {
 pub(super) struct Removal {
     pub netns: Arc<Netns>,
     pub interface: String,
-    pub datapath: Option<Arc<Datapath>>,
+    pub datapath: Option<Arc<PodDatapath>>,
     /// The pod it was installed for; `None` for a tree adopted at start-up.
     pub pod: Option<Arc<PodName>>,
     /// The links it served (sorted, distinct); empty when unknown.
@@ -54,15 +63,27 @@ pub(super) struct Trees {
     metrics: Arc<Metrics>,
     /// Trees removed at once.
     parallelism: usize,
+    /// Set when the node's pods go through the userspace datapath instead of tc trees.
+    userspace: Option<Arc<Userspace>>,
 }
 
 impl Trees {
-    pub fn new(metrics: Arc<Metrics>, parallelism: usize) -> Self {
-        Self { metrics, parallelism: parallelism.max(1) }
+    pub fn new(metrics: Arc<Metrics>, parallelism: usize, userspace: Option<Arc<Userspace>>) -> Self {
+        Self { metrics, parallelism: parallelism.max(1), userspace }
     }
 
-    /// Opens a pod's `Datapath` (its connection and, across plans, its record) in `netns`, counted.
-    pub async fn open(&self, netns: &Netns) -> Result<Datapath, DatapathError> {
+    /// Opens a pod's handle in `netns` on the node's datapath (for tc, its connection and, across plans, its
+    /// record), counted.
+    pub async fn open(&self, netns: &Arc<Netns>) -> Result<PodDatapath, DatapathError> {
+        match &self.userspace {
+            Some(userspace) => Ok(PodDatapath::Userspace(userspace.open(netns.clone()))),
+            None => self.open_tc(netns).await.map(PodDatapath::Tc),
+        }
+    }
+
+    /// A tc connection in `netns`, counted: for the node's tc trees, and for removing a tree adopted at start-up
+    /// whatever the node's datapath now is.
+    async fn open_tc(&self, netns: &Netns) -> Result<Datapath, DatapathError> {
         self.metrics.datapath_connections_opened.inc();
         Datapath::open(netns.fd()).await
     }
@@ -71,12 +92,28 @@ impl Trees {
     /// sockets (and their buffers) are closed, to be opened again by the pod's next call.
     pub async fn reconcile(
         &self,
-        datapath: &Datapath,
+        datapath: &PodDatapath,
         interface: &str,
         desired: &DesiredState,
         path: ReconcilePath,
     ) -> Result<usize, DatapathError> {
         self.metrics.count_reconcile(path.label());
+        match datapath {
+            PodDatapath::Tc(datapath) => Self::reconcile_tc(datapath, interface, desired, path).await,
+            PodDatapath::Userspace(emulation) => {
+                emulation.reconcile(interface, desired, path == ReconcilePath::Full).await.map_err(|source| {
+                    DatapathError::Emulation { place: emulation.place(interface), source: Box::new(source) }
+                })
+            }
+        }
+    }
+
+    async fn reconcile_tc(
+        datapath: &Datapath,
+        interface: &str,
+        desired: &DesiredState,
+        path: ReconcilePath,
+    ) -> Result<usize, DatapathError> {
         let report = match path {
             ReconcilePath::Full => datapath.reconcile(interface, desired).await,
             ReconcilePath::Record => datapath.update(interface, desired).await,
@@ -85,9 +122,15 @@ impl Trees {
         Ok(report?.mutations)
     }
 
-    /// The counters on `interface`, per destination: over the pod's kept connection, or over one opened for
-    /// this read (an adopted tree has none). Empty when no isthmus tree is there or it cannot be read.
-    pub async fn counters(&self, kept: Option<&Datapath>, netns: &Netns, interface: &str) -> Vec<(IpNet, Counters)> {
+    /// The counters on `interface`, per destination: the emulators' for a userspace pod; for tc, over the
+    /// pod's kept connection or over one opened for this read (an adopted tree has none). Empty when no isthmus
+    /// tree is there or it cannot be read.
+    pub async fn counters(&self, kept: Option<&PodDatapath>, netns: &Netns, interface: &str) -> Vec<(IpNet, Counters)> {
+        let kept = match kept {
+            Some(PodDatapath::Userspace(emulation)) => return emulation.counters(),
+            Some(PodDatapath::Tc(datapath)) => Some(datapath),
+            None => None,
+        };
         let observed = async {
             let opened;
             let datapath = match kept {
@@ -110,7 +153,7 @@ impl Trees {
         }
     }
 
-    /// Removes each tree (on the pod's connection where it has one), `parallelism` at once; every removal
+    /// Removes each tree (on the pod's handle where it has one, else as a tc tree), `parallelism` at once; every removal
     /// comes back with its outcome.
     pub async fn remove(&self, removals: Vec<Removal>) -> Vec<(Removal, Result<(), DatapathError>)> {
         futures::stream::iter(removals)
@@ -118,7 +161,7 @@ impl Trees {
                 let outcome = async {
                     let datapath = match &removal.datapath {
                         Some(datapath) => datapath.clone(),
-                        None => Arc::new(self.open(&removal.netns).await?),
+                        None => Arc::new(PodDatapath::Tc(self.open_tc(&removal.netns).await?)),
                     };
                     let empty = DesiredState::empty();
                     self.reconcile(&datapath, &removal.interface, &empty, ReconcilePath::Full).await.map(|_| ())

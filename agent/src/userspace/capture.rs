@@ -154,6 +154,11 @@ impl Capture {
         }
     }
 
+    /// Whether the pod end is still there (something outside isthmus may have deleted it).
+    pub async fn present(&self) -> Result<bool, CaptureError> {
+        Ok(link_by_name(&self.pod, POD_END).await?.is_some_and(|l| l.header.index == self.pod_end))
+    }
+
     /// Removes the pair (and so every route through it) now, rather than when the agent ends.
     pub async fn detach(self) -> Result<(), CaptureError> {
         match self.pod.link().del(self.pod_end).execute().await {

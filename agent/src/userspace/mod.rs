@@ -22,7 +22,10 @@
 
 pub mod capture;
 pub mod pipeline;
+mod pod;
 pub mod sys;
+
+pub use pod::{EmulationError, PodEmulation, Userspace};
 
 use std::collections::HashMap;
 use std::io;

@@ -5,15 +5,13 @@
 //! A timer heap holds one wake-up per destination with packets waiting, so a pod with thousands of
 //! destinations costs a heap operation per packet, not a scan.
 
+use ipnet::IpNet;
+use isthmus_agent_api::{Counters, Impairment};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::sync::Arc;
 
-use ipnet::IpNet;
-use isthmus_agent_api::{Counters, Impairment};
-
-use crate::datapath::QueueBudget;
+use crate::datapath::QueueBound;
 use crate::emulator::{Emulator, Packet, Verdict};
 
 /// The Ethernet header the pod's interface puts before each packet. The kernel's qdiscs count it in a packet's
@@ -113,12 +111,16 @@ pub struct PodPipeline {
 }
 
 impl PodPipeline {
-    /// Emulators for `destinations` (at most one per prefix), their queues held to `budget`, started at `now`;
+    /// Emulators for `destinations` (at most one per prefix), each queue held to `bound`, started at `now`;
     /// `seed` makes the random draws of a run repeatable.
-    pub fn new(destinations: &[(IpNet, Arc<Impairment>)], budget: &QueueBudget, seed: u64, now: u64) -> Self {
-        let bound = budget.bound(destinations.len());
+    pub fn new<'a>(
+        destinations: impl IntoIterator<Item = (&'a IpNet, &'a Impairment)>,
+        bound: QueueBound,
+        seed: u64,
+        now: u64,
+    ) -> Self {
         let mut destinations: Vec<Destination> = destinations
-            .iter()
+            .into_iter()
             .enumerate()
             .map(|(i, (net, imp))| Destination {
                 net: *net,

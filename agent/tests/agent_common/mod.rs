@@ -357,6 +357,20 @@ pub struct AgentOptions<'a> {
     pub extra_env: Vec<(&'a str, String)>,
 }
 
+impl<'a> AgentOptions<'a> {
+    /// Options over the directories of [`agent_dirs`] (work, pinned namespaces, /proc) and the agent's
+    /// certificate directory, with `env` set for the agent.
+    pub fn in_dirs(
+        node: &'a str,
+        tls_dir: &'a Path,
+        (work, pinned, proc): &'a (TempDir, PathBuf, PathBuf),
+        env: &[(&'a str, &str)],
+    ) -> Self {
+        let extra_env = env.iter().map(|(k, v)| (*k, (*v).to_owned())).collect();
+        AgentOptions { node, tls_dir, proc, netns_dir: pinned, log_dir: work.path(), extra_env }
+    }
+}
+
 impl Agent {
     pub fn start(options: &AgentOptions<'_>) -> Self {
         Self::start_with_caps(options, None)
@@ -401,6 +415,9 @@ impl Agent {
             .arg("--log-format")
             .arg("text")
             .env("RUST_LOG", "info")
+            // The tests read the tc trees the agent installs; this kernel has no netem, so `auto` would give
+            // every pod the userspace datapath. A test of that one sets ISTHMUS_DATAPATH.
+            .env("ISTHMUS_DATAPATH", "tc")
             .stdout(Stdio::null())
             .stderr(log_file);
         for (k, v) in &options.extra_env {

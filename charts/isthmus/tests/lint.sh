@@ -66,6 +66,7 @@ variants=(
   "replicas2|isthmus|isthmus-system|--set operator.replicas=2"
   "tolerations|chaos|chaos-tools|-f $work/tolerations.yaml"
   "queue|isthmus|isthmus-system|--set agent.queue.bytesPerDestination=1073741824 --set agent.queue.bytesPerPod=4294967296"
+  "tc|isthmus|isthmus-system|--set agent.datapath=tc"
   "minimal|lab|lab|--set operator.leaderElection=false --set uninstall.enabled=false --set fullnameOverride=netlab --set-json imagePullSecrets=[{\"name\":\"regcred\"}]"
 )
 for v in "${variants[@]}"; do
@@ -103,9 +104,10 @@ refuse "bytesPerDestination" --set agent.queue.bytesPerDestination=1000
 refuse "bytesPerPod" --set agent.queue.bytesPerPod=6199829
 refuse "destinationsPerPod" --set operator.limits.destinationsPerPod=4096
 refuse "destinationsPerLink" --set operator.limits.destinationsPerLink=0
+refuse "datapath" --set agent.datapath=ebpf
 refuse "operator.limits.destinationsPerPod (100) must be at least operator.limits.destinationsPerLink (512)" \
   --set operator.limits.destinationsPerPod=100
-step "values.schema.json and the templates refuse 16 bad values, naming the field"
+step "values.schema.json and the templates refuse 17 bad values, naming the field"
 
 [ "${CHART_LINT_SKIP_CLUSTER:-}" = 1 ] && { step "cluster checks skipped (CHART_LINT_SKIP_CLUSTER=1)"; exit 0; }
 

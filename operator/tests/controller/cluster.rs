@@ -298,6 +298,8 @@ impl RealAgent {
         let log = std::fs::File::create(dir.join("agent.log")).unwrap();
         let child = std::process::Command::new(binary)
             .args(["serve", "--node-name", node, "--log-format", "text", "--tls-reload-seconds", "1"])
+            // These tests read the tc trees the agent installs (this kernel has no netem: auto would emulate).
+            .args(["--datapath", "tc"])
             .arg("--listen")
             .arg(format!("127.0.0.1:{port}"))
             .arg("--health-listen")

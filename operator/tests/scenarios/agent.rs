@@ -45,6 +45,7 @@ pub fn capabilities(netem: bool) -> Capabilities {
         netem,
         u32: true,
         duplicate_restricted: false,
+        datapath: Default::default(),
     }
 }
 

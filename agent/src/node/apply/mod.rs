@@ -14,9 +14,9 @@ use isthmus_agent_api::{ApplyReply, LinkRef, PodErrorKind, PodOutcome, PodPlan, 
 use self::check::{Progress, applied_pod, failed_pod};
 use super::plan::{Destination, RawNodePlan};
 use super::state::{Applied, InstalledPod, Leftover, Snapshot};
-use super::trees::{ReconcilePath, Removal};
+use super::trees::{PodDatapath, ReconcilePath, Removal};
 use super::{Node, release_freed_memory};
-use crate::datapath::{Datapath, DatapathError, DesiredState};
+use crate::datapath::{DatapathError, DesiredState};
 use crate::metrics::PodName;
 use crate::netns::{Netns, NetnsId, PodIdentity, ResolveError};
 
@@ -66,14 +66,16 @@ struct PodJob {
 struct Found {
     job: PodJob,
     netns: Arc<Netns>,
-    kept: Option<Arc<Datapath>>,
+    kept: Option<Arc<PodDatapath>>,
 }
 
-/// A reconciled pod: the connection it was reconciled on and the mutations sent.
+/// A reconciled pod: the handle it was reconciled on (none when it could not be opened) and the mutations
+/// sent.
 struct Reconciled {
     job: PodJob,
     netns: Arc<Netns>,
-    outcome: Result<(Arc<Datapath>, usize), DatapathError>,
+    datapath: Option<Arc<PodDatapath>>,
+    outcome: Result<usize, DatapathError>,
 }
 
 impl Node {
@@ -138,19 +140,19 @@ impl Node {
     async fn reconcile_found(&self, found: Vec<Found>) -> Vec<Reconciled> {
         futures::stream::iter(found)
             .map(|Found { job, netns, kept }| async move {
-                let outcome = async {
-                    let datapath = match kept {
-                        Some(datapath) => datapath,
-                        None => Arc::new(self.trees.open(&netns).await?),
-                    };
-                    let mutations = self
-                        .trees
-                        .reconcile(&datapath, &job.pod.interface, &job.desired, ReconcilePath::Record)
-                        .await?;
-                    Ok((datapath, mutations))
-                }
-                .await;
-                Reconciled { job, netns, outcome }
+                let datapath = match kept {
+                    Some(datapath) => Ok(datapath),
+                    None => self.trees.open(&netns).await.map(Arc::new),
+                };
+                let (datapath, outcome) = match datapath {
+                    Ok(datapath) => {
+                        let path = ReconcilePath::Record;
+                        let outcome = self.trees.reconcile(&datapath, &job.pod.interface, &job.desired, path).await;
+                        (Some(datapath), outcome)
+                    }
+                    Err(e) => (None, Err(e)),
+                };
+                Reconciled { job, netns, datapath, outcome }
             })
             .buffer_unordered(self.config.parallelism.max(1))
             .collect()
@@ -166,15 +168,17 @@ impl Node {
         progress: &mut Progress,
     ) -> HashMap<String, Arc<InstalledPod>> {
         let mut installed = HashMap::new();
-        for Reconciled { job: PodJob { index, pod, destinations, queue_caps, .. }, netns, outcome } in reconciled {
+        for Reconciled { job: PodJob { index, pod, destinations, queue_caps, .. }, netns, datapath, outcome } in
+            reconciled
+        {
             let datapath = match outcome {
-                Ok((datapath, mutations)) => {
+                Ok(mutations) => {
                     progress.results[index] = Some(applied_pod(&pod, mutations, queue_caps));
-                    Some(datapath)
+                    datapath
                 }
                 Err(e) => {
                     progress.results[index] = Some(failed_pod(&pod, e.kind(), e.to_string()));
-                    self.datapath_after_failure(&e, applied, &pod.uid, &netns).await
+                    self.datapath_after_failure(&e, datapath, applied, &pod.uid, &netns).await
                 }
             };
             let Some(datapath) = datapath else { continue };
@@ -196,14 +200,15 @@ impl Node {
     async fn datapath_after_failure(
         &self,
         error: &DatapathError,
+        failed_on: Option<Arc<PodDatapath>>,
         applied: &Applied,
         uid: &str,
-        netns: &Netns,
-    ) -> Option<Arc<Datapath>> {
+        netns: &Arc<Netns>,
+    ) -> Option<Arc<PodDatapath>> {
         if matches!(error.kind(), PodErrorKind::ForeignQdisc | PodErrorKind::InterfaceNotFound) {
             return None;
         }
-        match applied.kept_datapath(uid, netns) {
+        match failed_on.or_else(|| applied.kept_datapath(uid, netns)) {
             Some(datapath) => Some(datapath),
             None => self.trees.open(netns).await.ok().map(Arc::new),
         }

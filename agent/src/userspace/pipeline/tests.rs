@@ -1,6 +1,7 @@
 //! The pipeline driven as its shell drives it: frames pushed at their arrival, popped at every wake-up it asks
 //! for.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use isthmus_agent_api::{Correlated, ImpairmentFields, Percent};
@@ -29,6 +30,11 @@ fn v4(to: [u8; 4], n: u16, len: usize) -> Frame {
 
 fn number(f: &Frame) -> u16 {
     u16::from_be_bytes([f.bytes()[20], f.bytes()[21]])
+}
+
+fn pipeline(destinations: &[(IpNet, Arc<Impairment>)], seed: u64) -> PodPipeline {
+    let bound = crate::datapath::QueueBudget::default().bound(destinations.len());
+    PodPipeline::new(destinations.iter().map(|(n, i)| (n, i.as_ref())), bound, seed, 0)
 }
 
 fn net(s: &str) -> IpNet {
@@ -73,8 +79,7 @@ fn parses_the_destination_of_either_family_and_refuses_the_rest() {
 
 #[test]
 fn the_longest_prefix_takes_the_packet_and_others_pass_through() {
-    let budget = QueueBudget::default();
-    let mut p = PodPipeline::new(&[(net("10.0.0.0/8"), latency(50)), (net("10.1.2.3/32"), latency(5))], &budget, 1, 0);
+    let mut p = pipeline(&[(net("10.0.0.0/8"), latency(50)), (net("10.1.2.3/32"), latency(5))], 1);
     let out = run(
         &mut p,
         vec![(0, v4([10, 1, 2, 3], 1, 40)), (0, v4([10, 9, 9, 9], 2, 40)), (0, v4([192, 168, 0, 1], 3, 40))],
@@ -89,7 +94,7 @@ fn a_flip_the_receiver_would_refuse_drops_the_packet() {
         corrupt: Some(Correlated { percent: Percent::new("corrupt", 100.0).unwrap(), correlation: Percent::ZERO }),
         ..Default::default()
     });
-    let mut p = PodPipeline::new(&[(net("10.0.0.0/8"), corrupt)], &QueueBudget::default(), 3, 0);
+    let mut p = pipeline(&[(net("10.0.0.0/8"), corrupt)], 3);
     let n = 2_000u16;
     let out = run(&mut p, (0..n).map(|i| (u64::from(i), v4([10, 0, 0, 1], i, 40))).collect());
     // Every frame has one bit flipped. Of its 54 bytes (14 Ethernet, 20 IPv4 header, 20 payload), 8 of the
@@ -120,7 +125,7 @@ proptest! {
             .enumerate()
             .map(|(i, ms)| (net(&format!("10.0.{i}.0/24")), latency(*ms)))
             .collect();
-        let mut p = PodPipeline::new(&dests, &QueueBudget::default(), 9, 0);
+        let mut p = pipeline(&dests, 9);
         let frames: Vec<(u64, Frame)> =
             arrivals.iter().enumerate().map(|(n, (t, k, len))| (*t, v4([10, 0, *k, 1], n as u16, *len))).collect();
         let out = run(&mut p, frames);
