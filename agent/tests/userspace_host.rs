@@ -11,7 +11,7 @@ use std::net::{IpAddr, UdpSocket};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use echo::{ECHO_PORT, Echo, WAIT, median, round_trips};
+use echo::{ECHO_PORT, Echo, WAIT, median, pipelined_round_trips, round_trips};
 use isthmus_agent::datapath::QueueBudget;
 use isthmus_agent::netns::Netns;
 use isthmus_agent::userspace::capture::{Capture, POD_END};
@@ -37,18 +37,29 @@ fn impairment(fields: ImpairmentFields) -> Arc<Impairment> {
     Arc::new(Impairment::try_from(fields).expect("valid"))
 }
 
+/// A path for the capture's pod with `destinations`: its own sockets and pipeline.
+async fn path(
+    agent_ns: &Netns,
+    pod_ns: &Netns,
+    capture: &Capture,
+    shell: &Shell,
+    destinations: &[(ipnet::IpNet, Arc<Impairment>)],
+) -> PodPath {
+    let agent_end = capture.agent_end;
+    let rx = agent_ns.run_inside(move || RxSocket::open(agent_end)).await.unwrap().unwrap();
+    let tx = pod_ns.run_inside(|| TxSocket::open("va")).await.unwrap().unwrap();
+    let bound = QueueBudget::default().bound(destinations.len());
+    let pipeline = PodPipeline::new(destinations.iter().map(|(n, i)| (n, i.as_ref())), bound, 1, shell.now());
+    PodPath { rx, tx, pipeline, mtu: capture.mtu }
+}
+
 /// The capture and the loop for namespace `a` of `pair`, emulating `destinations`.
 async fn start(pair: &Pair, destinations: &[(ipnet::IpNet, Arc<Impairment>)]) -> (Netns, Netns, Capture, Shell) {
     let agent_ns = Netns::scratch().await.unwrap();
     let pod_ns = Netns::open(format!("/run/netns/{}", pair.a).as_ref()).unwrap();
     let capture = Capture::attach(&agent_ns, &pod_ns, "va", "u-test").await.unwrap();
-    let agent_end = capture.agent_end;
-    let rx = agent_ns.run_inside(move || RxSocket::open(agent_end)).await.unwrap().unwrap();
-    let tx = pod_ns.run_inside(|| TxSocket::open("va")).await.unwrap().unwrap();
     let shell = Shell::start().unwrap();
-    let bound = QueueBudget::default().bound(destinations.len());
-    let pipeline = PodPipeline::new(destinations.iter().map(|(n, i)| (n, i.as_ref())), bound, 1, shell.now());
-    shell.attach("a", PodPath { rx, tx, pipeline, mtu: capture.mtu });
+    shell.attach("a", path(&agent_ns, &pod_ns, &capture, &shell, destinations).await);
     for (destination, _) in destinations {
         capture.route(*destination, Some("10.77.0.1".parse().unwrap())).await.unwrap();
     }
@@ -140,5 +151,32 @@ async fn tcp_through_the_loop_gets_the_configured_rate() {
     });
     let (_, loop_counters) = shell.counters("a").unwrap();
     assert_eq!(loop_counters.send_errors, 0, "{loop_counters:?}");
+    capture.detach().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_edit_lets_the_packets_already_delayed_leave_as_scheduled() {
+    let pair = Pair::new("us-edit");
+    let impaired: IpAddr = "10.77.0.2".parse().unwrap();
+    let _echo = echo(&pair.b, impaired);
+    let ms = |ms| impairment(ImpairmentFields { latency: Some(Duration::from_millis(ms)), ..Default::default() });
+    let (agent_ns, pod_ns, capture, shell) = start(&pair, &[(net("10.77.0.2/32"), ms(100))]).await;
+    // 200 probes 5 ms apart (about a second); 300 ms in, the destination's latency drops to 10 ms. Netem's
+    // `change` keeps its queue: the probes already delayed by 100 ms still arrive, after the faster ones.
+    let a = pair.a.clone();
+    let prober = tokio::task::spawn_blocking(move || {
+        let socket = in_netns(&a, || UdpSocket::bind(("0.0.0.0", 0))).unwrap();
+        pipelined_round_trips(socket, impaired, 200, Duration::from_millis(5), WAIT)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    shell.attach("a", path(&agent_ns, &pod_ns, &capture, &shell, &[(net("10.77.0.2/32"), ms(10))]).await);
+    let rtts = prober.await.unwrap();
+    let lost = rtts.iter().filter(|r| r.is_none()).count();
+    let (slow, fast) =
+        (rtts.iter().flatten().filter(|r| **r >= 100.0).count(), rtts.iter().flatten().filter(|r| **r < 100.0).count());
+    println!("across the edit: {slow} probes at 100 ms, {fast} at 10 ms, {lost} lost");
+    assert_eq!(lost, 0, "the edit lost probes that were in the old delay line: {rtts:?}");
+    assert!(slow > 20 && fast > 20, "the edit did not happen mid-run: {rtts:?}");
+    assert!(rtts.iter().flatten().all(|r| *r >= 10.0), "a probe skipped the delay: {rtts:?}");
     capture.detach().await.unwrap();
 }

@@ -103,7 +103,8 @@ impl Shell {
         let _ = nix::unistd::write(&self.wake, &[1]);
     }
 
-    /// Starts (or replaces) `pod`'s path.
+    /// Starts (or replaces) `pod`'s path. Packets the replaced path's pipeline holds still leave when it
+    /// scheduled them.
     pub fn attach(&self, pod: &str, path: PodPath) {
         self.send(Command::Attach(pod.to_owned(), Box::new(path)));
     }
@@ -133,10 +134,38 @@ impl Drop for Shell {
     }
 }
 
+/// A pod in the loop: its path, and the pipelines of its earlier paths that still hold packets. An edit gives
+/// the pod a new pipeline; what the old one holds leaves as that one scheduled it (as `tc qdisc change` keeps a
+/// netem's queue), sent through the new path's socket.
+struct Pod {
+    path: PodPath,
+    draining: Vec<PodPipeline>,
+}
+
+impl Pod {
+    fn next_wakeup(&self) -> Option<u64> {
+        std::iter::once(&self.path.pipeline).chain(&self.draining).filter_map(PodPipeline::next_wakeup).min()
+    }
+
+    /// Sends every packet due at `now`, from the current pipeline and the draining ones; forgets those drained.
+    fn send_due(&mut self, now: u64, due: &mut Vec<Frame>, counters: &mut ShellCounters) {
+        self.path.pipeline.pop_due(now, due);
+        for old in &mut self.draining {
+            old.pop_due(now, due);
+        }
+        self.draining.retain(|old| old.next_wakeup().is_some());
+        for frame in due.drain(..) {
+            if self.path.tx.send(frame.bytes(), frame.destination()).is_err() {
+                counters.send_errors += 1;
+            }
+        }
+    }
+}
+
 struct Loop {
     wake: OwnedFd,
     inbox: mpsc::Receiver<Command>,
-    pods: HashMap<String, PodPath>,
+    pods: HashMap<String, Pod>,
     counters: ShellCounters,
     epoch: Instant,
 }
@@ -163,12 +192,12 @@ impl Loop {
             fds.clear();
             names.clear();
             fds.push(self.wake.as_raw_fd());
-            for (name, path) in &self.pods {
-                fds.push(path.rx.as_raw_fd());
+            for (name, pod) in &self.pods {
+                fds.push(pod.path.rx.as_raw_fd());
                 names.push(name.clone());
             }
             let now = self.now();
-            let next = self.pods.values().filter_map(|p| p.pipeline.next_wakeup()).min();
+            let next = self.pods.values().filter_map(Pod::next_wakeup).min();
             let timeout = next.map(|at| at.saturating_sub(now));
             if let Err(e) = sys::wait_readable(&fds, timeout, &mut readable) {
                 tracing::error!(error = %e, "the userspace datapath's poll failed");
@@ -180,19 +209,14 @@ impl Loop {
             }
             for (i, name) in names.iter().enumerate() {
                 if readable.get(i + 1) == Some(&true)
-                    && let Some(path) = self.pods.get_mut(name)
+                    && let Some(pod) = self.pods.get_mut(name)
                 {
-                    receive(path, &mut buf, self.epoch, &mut self.counters);
+                    receive(&mut pod.path, &mut buf, self.epoch, &mut self.counters);
                 }
             }
             let now = self.now();
-            for path in self.pods.values_mut() {
-                path.pipeline.pop_due(now, &mut due);
-                for frame in due.drain(..) {
-                    if path.tx.send(frame.bytes(), frame.destination()).is_err() {
-                        self.counters.send_errors += 1;
-                    }
-                }
+            for pod in self.pods.values_mut() {
+                pod.send_due(now, &mut due, &mut self.counters);
             }
         }
     }
@@ -202,13 +226,19 @@ impl Loop {
         loop {
             match self.inbox.try_recv() {
                 Ok(Command::Attach(name, path)) => {
-                    self.pods.insert(name, *path);
+                    let mut draining = Vec::new();
+                    if let Some(old) = self.pods.remove(&name) {
+                        draining = old.draining;
+                        draining.push(old.path.pipeline);
+                        draining.retain(|p| p.next_wakeup().is_some());
+                    }
+                    self.pods.insert(name, Pod { path: *path, draining });
                 }
                 Ok(Command::Detach(name)) => {
                     self.pods.remove(&name);
                 }
                 Ok(Command::Counters(name, reply)) => {
-                    let answer = self.pods.get(&name).map(|p| (p.pipeline.counters().collect(), self.counters));
+                    let answer = self.pods.get(&name).map(|p| (p.path.pipeline.counters().collect(), self.counters));
                     let _ = reply.send(answer);
                 }
                 Err(mpsc::TryRecvError::Empty) => return true,

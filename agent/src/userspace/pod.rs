@@ -89,8 +89,9 @@ impl PodEmulation {
     }
 
     /// Brings the pod to `desired` behind `interface`: the capture (made when missing, or when `full` and its
-    /// pod end is gone), a new path through the loop when the destinations or impairments changed (packets
-    /// waiting in the old one are dropped), and the routes added and withdrawn. Returns the changes made.
+    /// pod end is gone), a new path through the loop when the destinations or impairments changed (packets the
+    /// old one holds still leave as it scheduled them), and the routes added and withdrawn. Returns the changes
+    /// made.
     /// Empty `desired` removes everything.
     pub async fn reconcile(
         &self,

@@ -80,3 +80,44 @@ pub fn median(rtts: &[Option<f64>]) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
+
+/// As [`round_trips`], but sent on a fixed schedule (`interval` apart) without waiting for the echoes, so that
+/// many are in flight at once; each echo counts if it comes within `wait` of the last send.
+pub fn pipelined_round_trips(
+    socket: UdpSocket,
+    dst: IpAddr,
+    count: u32,
+    interval: Duration,
+    wait: Duration,
+) -> Vec<Option<f64>> {
+    socket.connect((dst, ECHO_PORT)).unwrap();
+    let receiver = socket.try_clone().unwrap();
+    let start = Instant::now();
+    let sends: Vec<Duration> = (0..count).map(|n| interval * n).collect();
+    let deadline = start + sends.last().copied().unwrap_or_default() + wait;
+    let listen = std::thread::spawn(move || {
+        let mut arrivals = vec![None; count as usize];
+        let mut buf = [0u8; 64];
+        while Instant::now() < deadline {
+            receiver
+                .set_read_timeout(Some(
+                    deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1)),
+                ))
+                .unwrap();
+            if let Ok(4) = receiver.recv(&mut buf) {
+                let n = u32::from_be_bytes(buf[..4].try_into().unwrap()) as usize;
+                if n < arrivals.len() && arrivals[n].is_none() {
+                    arrivals[n] = Some(start.elapsed());
+                }
+            }
+        }
+        arrivals
+    });
+    for (n, at) in sends.iter().enumerate() {
+        std::thread::sleep((start + *at).saturating_duration_since(Instant::now()));
+        socket.send(&(n as u32).to_be_bytes()).unwrap();
+    }
+    let arrivals = listen.join().unwrap();
+    // Round trips from the scheduled send time: a late send only lengthens them.
+    arrivals.iter().zip(&sends).map(|(a, s)| a.map(|a| a.saturating_sub(*s).as_secs_f64() * 1000.0)).collect()
+}

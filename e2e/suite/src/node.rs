@@ -26,28 +26,72 @@ pub fn node_exec(node: &str, args: &[&str]) -> Output {
     }
 }
 
-/// Finds the network namespace whose eth0 holds $1 among the node's processes and prints `tc -j qdisc show`
-/// of that eth0; exits 3 when no namespace has the address.
-const POD_QDISCS: &str = r#"
+/// Finds the network namespace whose eth0 holds $1 among the node's processes and runs the rest of the
+/// arguments inside it; exits 3 when no namespace has the address.
+const IN_POD: &str = r#"
+ip=$1; shift
 seen=" "
 for p in /proc/[0-9]*; do
   ns=$(readlink "$p/ns/net" 2>/dev/null) || continue
   case $seen in *" $ns "*) continue ;; esac
   seen="$seen$ns "
-  if nsenter --net="$p/ns/net" ip -o -4 addr show dev eth0 2>/dev/null | grep -q " $1/"; then
-    exec nsenter --net="$p/ns/net" tc -j qdisc show dev eth0
+  if nsenter --net="$p/ns/net" ip -o -4 addr show dev eth0 2>/dev/null | grep -q " $ip/"; then
+    exec nsenter --net="$p/ns/net" "$@"
   fi
 done
 exit 3
 "#;
 
+/// The datapath the suite's isthmus runs (`ISTHMUS_E2E_DATAPATH`, which `e2e/suite/run` sets from what it
+/// installed; `tc` when unset).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Datapath {
+    Tc,
+    Userspace,
+}
+
+pub fn datapath() -> Datapath {
+    match std::env::var("ISTHMUS_E2E_DATAPATH").as_deref() {
+        Ok("userspace") => Datapath::Userspace,
+        Ok("tc") | Err(_) => Datapath::Tc,
+        Ok(other) => panic!("ISTHMUS_E2E_DATAPATH={other}: tc or userspace"),
+    }
+}
+
+/// Runs `args` inside the network namespace of the pod with IP `pod_ip` on `node`.
+fn in_pod(node: &str, pod_ip: &str, args: &[&str]) -> String {
+    let mut all = vec!["sh", "-c", IN_POD, "sh", pod_ip];
+    all.extend_from_slice(args);
+    let out = node_exec(node, &all);
+    assert!(
+        out.ok,
+        "no network namespace on {node} has pod IP {pod_ip}, or {args:?} failed ({}{})",
+        out.stdout, out.stderr
+    );
+    out.stdout
+}
+
+/// The interfaces in the pod's namespace.
+fn pod_interfaces(node: &str, pod_ip: &str) -> Vec<String> {
+    let out = in_pod(node, pod_ip, &["ip", "-j", "link", "show"]);
+    let v: Value =
+        serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("ip -j link printed no JSON ({e}): {out}"));
+    v.as_array()
+        .expect("ip -j prints an array")
+        .iter()
+        .filter_map(|l| l["ifname"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// The userspace datapath's capture interface in a pod's namespace.
+const CAPTURE: &str = "isth-u0";
+
 /// The qdiscs on `eth0` of the pod with IP `pod_ip` on `node`, as `"<kind> <handle>"`, read with iproute2 on
 /// the node: an independent reference for what isthmus installed.
 pub fn pod_qdiscs(node: &str, pod_ip: &str) -> Vec<String> {
-    let out = node_exec(node, &["sh", "-c", POD_QDISCS, "sh", pod_ip]);
-    assert!(out.ok, "no network namespace on {node} has pod IP {pod_ip} ({}{})", out.stdout, out.stderr);
-    let v: Value = serde_json::from_str(out.stdout.trim())
-        .unwrap_or_else(|e| panic!("tc -j qdisc show on {node} printed no JSON ({e}): {}", out.stdout));
+    let out = in_pod(node, pod_ip, &["tc", "-j", "qdisc", "show", "dev", "eth0"]);
+    let v: Value = serde_json::from_str(out.trim())
+        .unwrap_or_else(|e| panic!("tc -j qdisc show on {node} printed no JSON ({e}): {out}"));
     v.as_array()
         .expect("tc -j prints an array")
         .iter()
@@ -59,32 +103,49 @@ fn is_isthmus(qdisc: &str) -> bool {
     ["htb", "tbf", "netem"].iter().any(|k| qdisc.starts_with(k))
 }
 
-/// The pod's eth0 carries isthmus's HTB root: proves the node-side check sees the pod's qdiscs, so its later
-/// "nothing left" answer means something.
-pub fn assert_isthmus_qdisc(node: &str, pod_ip: &str) {
-    let qdiscs = pod_qdiscs(node, pod_ip);
-    println!("qdiscs on {pod_ip} eth0 while linked ({node}, tc): {qdiscs:?}");
-    assert!(qdiscs.iter().any(|q| q.starts_with("htb")), "no HTB root on {pod_ip} while a link applies: {qdiscs:?}");
+/// The pod carries what the datapath installs while a link applies — tc: an HTB root on eth0; userspace: the
+/// capture interface. Proves the node-side check sees the pod, so its later "nothing left" answer means something.
+pub fn assert_isthmus_installed(node: &str, pod_ip: &str) {
+    match datapath() {
+        Datapath::Tc => {
+            let qdiscs = pod_qdiscs(node, pod_ip);
+            println!("qdiscs on {pod_ip} eth0 while linked ({node}, tc): {qdiscs:?}");
+            assert!(
+                qdiscs.iter().any(|q| q.starts_with("htb")),
+                "no HTB root on {pod_ip} while a link applies: {qdiscs:?}"
+            );
+        }
+        Datapath::Userspace => {
+            let interfaces = pod_interfaces(node, pod_ip);
+            println!("interfaces of {pod_ip} while linked ({node}, ip): {interfaces:?}");
+            assert!(interfaces.iter().any(|i| i == CAPTURE), "no {CAPTURE} in {pod_ip}'s namespace: {interfaces:?}");
+        }
+    }
 }
 
-/// The pod's eth0 carries no isthmus qdisc (htb/tbf/netem) any more.
-pub fn assert_no_isthmus_qdisc(node: &str, pod_ip: &str) {
+/// Nothing of isthmus is left on the pod: no isthmus qdisc (htb/tbf/netem) on eth0, no capture interface.
+pub fn assert_nothing_of_isthmus(node: &str, pod_ip: &str) {
     let qdiscs = pod_qdiscs(node, pod_ip);
-    println!("qdiscs on {pod_ip} eth0 ({node}, tc): {qdiscs:?}");
+    let interfaces = pod_interfaces(node, pod_ip);
+    println!("qdiscs on {pod_ip} eth0 ({node}, tc): {qdiscs:?}; interfaces: {interfaces:?}");
     assert!(!qdiscs.iter().any(|q| is_isthmus(q)), "isthmus qdiscs left on {pod_ip}: {qdiscs:?}");
+    assert!(!interfaces.iter().any(|i| i == CAPTURE), "the capture interface left on {pod_ip}: {interfaces:?}");
 }
 
-/// Every network namespace on `node` with an isthmus qdisc on eth0, as "ip: qdiscs" lines (empty when none).
-pub fn node_isthmus_qdiscs(node: &str) -> Vec<String> {
+/// Every network namespace on `node` with an isthmus qdisc on eth0 or the capture interface, as "ip: what"
+/// lines (empty when none).
+pub fn node_isthmus_left(node: &str) -> Vec<String> {
     const ALL: &str = r#"
 seen=" "
 for p in /proc/[0-9]*; do
   ns=$(readlink "$p/ns/net" 2>/dev/null) || continue
   case $seen in *" $ns "*) continue ;; esac
   seen="$seen$ns "
-  q=$(nsenter --net="$p/ns/net" tc qdisc show dev eth0 2>/dev/null | grep -E '^qdisc (htb|tbf|netem) ') || continue
+  q=$(nsenter --net="$p/ns/net" tc qdisc show dev eth0 2>/dev/null | grep -E '^qdisc (htb|tbf|netem) ' | awk '{print $2, $3}')
+  c=$(nsenter --net="$p/ns/net" ip -o link show isth-u0 2>/dev/null | awk -F': ' '{print $2}')
+  [ -n "$q$c" ] || continue
   ip=$(nsenter --net="$p/ns/net" ip -o -4 addr show dev eth0 2>/dev/null | awk '{print $4}')
-  echo "$ip: $(echo "$q" | awk '{print $2, $3}' | tr '\n' ' ')"
+  echo "$ip:" $q $c
 done
 "#;
     let out = node_exec(node, &["sh", "-c", ALL]);

@@ -74,7 +74,7 @@ fn bandwidth_link_measured_edited_and_removed() {
     let pairs = ns.wait_link_applied("cap");
     println!("link Ready (Applied, {pairs} pair) {:?} after apply", t.elapsed());
     assert_eq!(pairs, 1);
-    assert_isthmus_qdisc(&n1, &client_ip);
+    assert_isthmus_installed(&n1, &client_ip);
     assert_rate_measured("client -> server, 50Mbit", 50e6, || ns.throughput_bps(&client, &server_ip, 5.0));
     let reverse = ns.throughput_bps(&server, &client_ip, 3.0);
     println!("server -> client (not capped): {}", mbit(reverse));
@@ -97,7 +97,7 @@ fn bandwidth_link_measured_edited_and_removed() {
     // Uncapped, not "near the baseline": CPU-bound veth throughput on a shared machine varies by more than 2x
     // between two readings, while a cap left in place reads 20 Mbit/s, far below this bound.
     assert!(after > 3.0 * 50e6, "throughput did not return to uncapped: {}", mbit(after));
-    assert_no_isthmus_qdisc(&n1, &client_ip);
+    assert_nothing_of_isthmus(&n1, &client_ip);
 }
 
 /// A one-second reading right after Ready says something about the cap at Ready only if it ended this soon after
@@ -154,7 +154,7 @@ fn replacement_pod_is_impaired_again() {
             assert_rate_measured("replacement pod, after its first second", 20e6, || {
                 ns.throughput_bps(&new, &server_ip, 2.0)
             });
-            assert_isthmus_qdisc(&node, &new_ip);
+            assert_isthmus_installed(&node, &new_ip);
             ns.wait_link_applied("cap");
             return;
         }
@@ -245,8 +245,8 @@ fn helm_uninstall_leaves_nothing() {
     ns.wait_link_applied("cap");
     ns.wait_link_applied("back");
     assert_rate_measured("before uninstall", 20e6, || ns.throughput_bps(&client, &server_ip, 3.0));
-    assert_isthmus_qdisc(&n1, &client_ip);
-    assert_isthmus_qdisc(&n2, &server_ip);
+    assert_isthmus_installed(&n1, &client_ip);
+    assert_isthmus_installed(&n2, &server_ip);
 
     // No link is deleted by hand: removing them is the hook's job.
     let out = std::process::Command::new(&helm)
@@ -266,10 +266,10 @@ fn helm_uninstall_leaves_nothing() {
         let pods2 = kubectl_json(&["get", "pods", "-n", "isthmus-system"]);
         (pods["items"].as_array()?.is_empty() && pods2["items"].as_array()?.is_empty()).then_some(())
     });
-    assert_no_isthmus_qdisc(&n1, &client_ip);
-    assert_no_isthmus_qdisc(&n2, &server_ip);
+    assert_nothing_of_isthmus(&n1, &client_ip);
+    assert_nothing_of_isthmus(&n2, &server_ip);
     for node in nodes() {
-        let left = node_isthmus_qdiscs(&node);
+        let left = node_isthmus_left(&node);
         assert!(left.is_empty(), "isthmus qdiscs left on {node}: {left:?}");
     }
     let free = ns.throughput_bps(&client, &server_ip, 3.0);

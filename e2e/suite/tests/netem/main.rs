@@ -1,7 +1,9 @@
-//! End-to-end scenarios that need nodes whose kernel has sch_netem (the vm provider here, kind on GitHub's
-//! runners): latency, jitter, loss, duplication, corruption, reordering, a long fat network, head-of-line
-//! blocking, Service traffic, rescheduling, edits, and the kernel-dependent duplicate restriction — each measured
-//! from inside pods with isthmus-probe, against a baseline measured in the same run.
+//! End-to-end scenarios of netem's impairments: latency, jitter, loss, duplication, corruption, reordering, a long
+//! fat network, head-of-line blocking, Service traffic, rescheduling, edits, and the kernel-dependent duplicate
+//! restriction — each measured from inside pods with isthmus-probe, against a baseline measured in the same run.
+//! Through the tc datapath on nodes whose kernel has sch_netem (the vm provider here, kind on GitHub's runners),
+//! through the userspace datapath on nodes without it (this machine's kernel, the local provider):
+//! `ISTHMUS_E2E_DATAPATH`, set by e2e/suite/run.
 //!
 //! A plain binary (`harness = false`): the scenarios share one namespace of probe pods, started once (a pod
 //! takes tens of seconds to start on emulated nodes), and run one at a time; each removes its links when it ends,

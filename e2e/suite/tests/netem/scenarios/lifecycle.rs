@@ -132,7 +132,7 @@ pub fn rescheduling(f: &Fixture) {
         "within its first second",
     );
     assert_impaired_from("moved pod", &samples, i, 40.0);
-    assert_isthmus_qdisc(&node, &moved_ip);
+    assert_isthmus_installed(&node, &moved_ip);
     drop(link);
     f.ns.delete_deployments(&["mover"]);
 }
@@ -165,18 +165,22 @@ pub fn edit_and_delete(f: &Fixture) {
         .unwrap_or_else(|| panic!("the edit to {after}ms never showed in 8 s of probing: {}", report.describe()));
     assert!(i > 0, "the first probe already took {after} ms: the edit did not happen while probing");
     assert_impaired_from("after the edit", &samples, i, after);
-    // On this machine's clock the first probe left no later than the run's end less the probes after it (the
-    // guests' clocks are not this machine's); the switch, `at` after it, must come within a second of Ready.
-    let (last_sent, last_rtt) = *samples.last().expect("probes");
-    let first_by = exec_end - Duration::from_secs_f64((last_sent + last_rtt.unwrap_or(0.0)) / 1000.0);
+    // On this machine's clock the first probe left no later than the run's end less the run's length (the
+    // guests' clocks are not this machine's); the switch, `at` after it, must come within a second of Ready. The
+    // prober ran until the last echo arrived, and, when one was lost, until its timeout after the last send.
+    let last_sent = samples.last().expect("probes").0;
+    let last_echo = samples.iter().filter_map(|(sent, rtt)| rtt.map(|r| sent + r)).fold(0.0, f64::max);
+    let waited =
+        if report.count("lost") > 0 { last_sent + report.0["timeout_ms"].as_f64().expect("timeout_ms") } else { 0.0 };
+    let first_by = exec_end - Duration::from_secs_f64(last_echo.max(waited) / 1000.0);
     let switch_by = first_by + Duration::from_secs_f64(at / 1000.0);
     let late_ms = switch_by.saturating_duration_since(ready_seen).as_secs_f64() * 1000.0;
     println!("the switch to {after}ms came at most {late_ms:.0} ms after the test saw Ready (0 = before it)");
     within("ms from the link's Ready to the switch (at most)", late_ms, (0.0, WITHIN_MS), "within a second of Ready");
-    assert_isthmus_qdisc(&f.client.node, &f.client.ip);
+    assert_isthmus_installed(&f.client.node, &f.client.ip);
     drop(link);
     let r = f.ns.rtt_run(&f.client.name, &f.server.ip, RttRun::new(300).interval_ms(5));
     println!("after delete: {}", r.describe());
     within("after delete: RTT p10, ms", r.ms("p10"), base.shifted_band(0.0, 0), "back to the baseline's p10..p90");
-    assert_no_isthmus_qdisc(&f.client.node, &f.client.ip);
+    assert_nothing_of_isthmus(&f.client.node, &f.client.ip);
 }
