@@ -118,7 +118,7 @@ async fn a_failed_entry_holds_a_gated_pod_not_ready_with_the_reason() {
     s.create(&link("geo", "client", "server", 50)).await;
 
     // The link status and the pod say the same: the reason, and the message the status gives.
-    let no_netem = "node n1's kernel has no sch_netem: latency/loss cannot be applied";
+    let no_netem = "node n1's kernel has no sch_netem and its agent runs the tc datapath: latency/loss cannot be applied (agent.datapath auto emulates them)";
     let failed = s.eventually("client failed", || gate(&s, "client")).await;
     assert_eq!(failed, says("False", "KernelUnsupported", no_netem));
     let refused = "agent on node n2: connecting to agent 10.255.0.2:9443: Connection refused (os error 111)";

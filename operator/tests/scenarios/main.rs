@@ -207,7 +207,7 @@ async fn per_pod_agent_errors_become_status_failures_until_the_agent_succeeds() 
     send_pod(&s, "server", "server", "n1", "10.0.1.9").await;
     s.create(&link("geo", "client", "server", 50)).await;
 
-    let no_netem = "node n1's kernel has no sch_netem: latency/loss cannot be applied";
+    let no_netem = "node n1's kernel has no sch_netem and its agent runs the tc datapath: latency/loss cannot be applied (agent.datapath auto emulates them)";
     let status = s
         .eventually("one pair failed", || {
             let st = s.api.link(&format!("{NS}/geo"))?.status?;

@@ -216,7 +216,7 @@ fn a_failed_entry_is_false_with_the_reason_the_link_status_gives() {
     let err = PodError { kind: PodErrorKind::KernelUnsupported, message: "EOPNOTSUPP".into() };
     let reports = acked(&desired, &[("client", PodOutcome::Failed(err))], false);
     let v = verdict_of(&p, &reports, "client").unwrap();
-    let message = "node n1's kernel has no sch_netem: latency/loss cannot be applied";
+    let message = "node n1's kernel has no sch_netem and its agent runs the tc datapath: latency/loss cannot be applied (agent.datapath auto emulates them)";
     assert_eq!(v, Verdict::Failed { reason: FailureReason::KernelUnsupported, message: message.into() });
 
     // A failure the agent reports turns a ready pod NotReady, with a new transition time.

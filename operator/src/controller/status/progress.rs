@@ -74,7 +74,9 @@ pub fn judge(node: &str, report: Option<&NodeReport>, confirmed: Option<&PodOutc
         Some(PodOutcome::Failed(err)) => {
             let no_netem = report.and_then(|r| r.capabilities.as_ref()).is_some_and(|c| !c.netem);
             let message = if err.kind == PodErrorKind::KernelUnsupported && no_netem && needs_netem {
-                format!("node {node}'s kernel has no sch_netem: latency/loss cannot be applied")
+                format!(
+                    "node {node}'s kernel has no sch_netem and its agent runs the tc datapath: latency/loss cannot be applied (agent.datapath auto emulates them)"
+                )
             } else {
                 err.message.clone()
             };
@@ -200,7 +202,10 @@ mod tests {
         let p = &progress([&desired], &reports)[&link];
         assert_eq!((p.applied, p.failed), (0, 2));
         assert_eq!(p.failures[0].reason, "KernelUnsupported");
-        assert_eq!(p.failures[0].message, "node n1's kernel has no sch_netem: latency/loss cannot be applied");
+        assert_eq!(
+            p.failures[0].message,
+            "node n1's kernel has no sch_netem and its agent runs the tc datapath: latency/loss cannot be applied (agent.datapath auto emulates them)"
+        );
         assert_eq!(p.failures[0].node.as_deref(), Some("n1"));
         assert_eq!(p.failures[0].pod, "default/a");
     }
