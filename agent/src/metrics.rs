@@ -62,6 +62,11 @@ pub struct OutcomeLabels {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct DatapathLabels {
+    pub datapath: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct PathLabels {
     pub path: String,
 }
@@ -166,6 +171,8 @@ pub struct Metrics {
     pub pods_in_plan: Gauge,
     pub queue_limits_capped: Gauge,
     pub leftover_trees: Gauge,
+    /// 1 for the datapath this agent gives its pods (`tc` or `userspace`).
+    pub datapath: Family<DatapathLabels, Gauge>,
     pub trees_removed: Counter,
     pub tls_handshake_failures: Counter,
     pub forbidden_requests: Counter,
@@ -237,6 +244,13 @@ impl Metrics {
             "isthmus trees the plan no longer wants that could not be removed (tried again with every plan)",
             leftover_trees.clone(),
         );
+        let datapath = Family::<DatapathLabels, Gauge>::default();
+        registry.register(
+            "isthmus_agent_datapath",
+            "1 for the datapath this agent gives every pod of its node: tc (the kernel's qdiscs) or userspace \
+             (the agent's own emulator, for kernels without sch_netem)",
+            datapath.clone(),
+        );
         let trees_removed = Counter::default();
         registry.register(
             "isthmus_agent_trees_removed",
@@ -280,6 +294,7 @@ impl Metrics {
             pods_in_plan,
             queue_limits_capped,
             leftover_trees,
+            datapath,
             trees_removed,
             tls_handshake_failures,
             forbidden_requests,

@@ -56,6 +56,8 @@ async fn userspace_datapath_emulates_fails_open_on_kill9_and_comes_back() {
     let capabilities = operator.capabilities(agent.api).await.unwrap();
     assert!(!capabilities.netem, "this test needs a kernel without sch_netem, as this machine's: {capabilities:?}");
     assert_eq!(capabilities.datapath, DatapathKind::Userspace, "auto without netem: {capabilities:?}");
+    let metrics = certs.metrics(agent.api);
+    assert!(metrics.contains("isthmus_agent_datapath{datapath=\"userspace\"} 1"), "{metrics}");
 
     let reply = operator.apply(agent.api, &plan(1, pod_ip, &[(far, 20)])).await.unwrap();
     assert_eq!(reply.pods[0].outcome, PodOutcome::Applied, "{reply:?}\n{}", agent.log_text());
@@ -66,6 +68,9 @@ async fn userspace_datapath_emulates_fails_open_on_kill9_and_comes_back() {
     let observed = operator.observed(agent.api).await.unwrap();
     let counters = observed.pods[0].destinations[0].counters;
     assert!(counters.packets >= 100, "the emulator's counters, observed: {observed:?}");
+    let metrics = certs.metrics(agent.api);
+    let sent = metrics.lines().find(|l| l.starts_with("isthmus_link_packets") && l.contains("link_name=\"wan\""));
+    assert!(sent.is_some_and(|l| !l.ends_with(" 0")), "the link's packet counter from the emulator: {metrics}");
 
     // kill -9: the agent's own namespace goes with it, the capture and its route with that namespace.
     agent.kill9();

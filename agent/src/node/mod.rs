@@ -104,6 +104,11 @@ impl Node {
         let mut capabilities = crate::datapath::probe().await;
         capabilities.datapath = config.datapath.resolve(capabilities.netem);
         tracing::info!(?capabilities, "kernel capabilities probed");
+        let label = match capabilities.datapath {
+            DatapathKind::Tc => "tc",
+            DatapathKind::Userspace => "userspace",
+        };
+        metrics.datapath.get_or_create(&crate::metrics::DatapathLabels { datapath: label.into() }).set(1);
         let userspace = match capabilities.datapath {
             DatapathKind::Tc => None,
             DatapathKind::Userspace => Some(crate::userspace::Userspace::start().await?),

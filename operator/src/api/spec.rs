@@ -334,6 +334,11 @@ pub struct NetworkLinkStatus {
     #[serde(default)]
     #[schemars(range(max = 4294967295_u32))]
     pub pairs_failed: u32,
+    /// Applied pairs that the node agents emulate themselves (the userspace datapath, on nodes without sch_netem:
+    /// docs/datapaths.md); the other applied pairs go through the kernel's qdiscs.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    #[schemars(range(max = 4294967295_u32))]
+    pub pairs_emulated: u32,
     /// Applied pairs whose `queueLimit` the node's queue budget cut (docs/networklink.md#queue-bound).
     #[serde(default, skip_serializing_if = "is_zero")]
     #[schemars(range(max = 4294967295_u32))]

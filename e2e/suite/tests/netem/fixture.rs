@@ -64,7 +64,12 @@ impl Fixture {
         // The guard exists before the wait: a link that never gets Ready is deleted all the same.
         let link = self.link_unchecked(name, spec);
         let pairs = self.ns.wait_link_applied(name);
-        println!("link {name}: Ready, {pairs} pair(s) applied");
+        // The status says which datapath applied the pairs: all emulated by the agents, or none.
+        let status = self.ns.json(&["get", "networklink", name])["status"].clone();
+        let emulated = status["pairsEmulated"].as_u64().unwrap_or(0);
+        println!("link {name}: Ready, {pairs} pair(s) applied, {emulated} emulated by the agents");
+        let want = if datapath() == Datapath::Userspace { status["pairsApplied"].as_u64().unwrap_or(0) } else { 0 };
+        assert_eq!(emulated, want, "status.pairsEmulated through the {:?} datapath: {status}", datapath());
         link
     }
 

@@ -33,6 +33,7 @@ pub fn link_status(
     let progress = progress.unwrap_or(&empty);
     status.pairs_applied = progress.applied;
     status.pairs_failed = progress.failed;
+    status.pairs_emulated = progress.emulated;
     status.queue_limits_capped = progress.queue_limits_capped;
     let exclusions = status.failures.len() + status.failures_omitted as usize;
     let mut failures = std::mem::take(&mut status.failures);

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use isthmus_agent_api::{NodePlan, PodErrorKind, PodOutcome, PodPlan, PodResult, QueueCap};
+use isthmus_agent_api::{DatapathKind, NodePlan, PodErrorKind, PodOutcome, PodPlan, PodResult, QueueCap};
 
 use crate::api::PodFailure;
 use crate::controller::nodes::NodeReport;
@@ -15,6 +15,8 @@ use crate::index::ObjectKey;
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Progress {
     pub applied: u32,
+    /// Of the applied pairs, those on nodes whose agent runs the userspace datapath.
+    pub emulated: u32,
     pub failed: u32,
     pub failures: Vec<PodFailure>,
     /// Applied pairs whose `queueLimit` the agent cut to its queue budget, and the first such cut.
@@ -39,6 +41,12 @@ pub fn progress<'a>(
                 match judge(&plan.node, report, confirmed.map(|r| &r.outcome), needs_netem) {
                     Outcome::Applied => {
                         p.applied += pairs;
+                        if report
+                            .and_then(|r| r.capabilities.as_ref())
+                            .is_some_and(|c| c.datapath == DatapathKind::Userspace)
+                        {
+                            p.emulated += pairs;
+                        }
                         let caps = confirmed.into_iter().flat_map(|r| &r.queue_caps);
                         for cap in caps.filter(|c| c.link.namespace == link.namespace && c.link.name == link.name) {
                             p.queue_limits_capped += 1;
@@ -173,6 +181,20 @@ mod tests {
             failure: None,
             capabilities: Some(caps),
         }
+    }
+
+    #[test]
+    fn pairs_on_nodes_whose_agent_emulates_count_as_emulated() {
+        let link = ObjectKey::new("default", "l");
+        let (on_tc, on_userspace) = (plan("n1", vec![pod("a", "l", 2)]), plan("n2", vec![pod("b", "l", 3)]));
+        let mut emulating = report(&on_userspace, &[("b", PodOutcome::Applied)], false);
+        emulating.capabilities.as_mut().unwrap().datapath = DatapathKind::Userspace;
+        let reports = BTreeMap::from([
+            ("n1".to_owned(), report(&on_tc, &[("a", PodOutcome::Applied)], true)),
+            ("n2".to_owned(), emulating),
+        ]);
+        let p = &progress([&on_tc, &on_userspace], &reports)[&link];
+        assert_eq!((p.applied, p.emulated, p.failed), (5, 3, 0));
     }
 
     #[test]
