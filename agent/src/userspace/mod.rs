@@ -86,7 +86,7 @@ impl Shell {
             .map_err(io::Error::from)?;
         let (commands, inbox) = mpsc::channel();
         let epoch = Instant::now();
-        let thread = std::thread::Builder::new().name("isthmus-userspace".into()).spawn(move || {
+        let thread = std::thread::Builder::new().name("isthmus-us-loop".into()).spawn(move || {
             Loop::new(read, inbox, epoch).run();
         })?;
         Ok(Shell { commands, wake: write, thread: Some(thread), epoch })

@@ -19,6 +19,8 @@ pub(super) struct AgentPod {
     ip: Option<IpAddr>,
     ready: bool,
     uid: String,
+    /// Restarts of the pod's containers: a restarted agent is a new instance in the same pod.
+    restarts: i64,
 }
 
 impl AgentPod {
@@ -32,7 +34,14 @@ impl AgentPod {
                     .and_then(|s| s.conditions.as_ref())
                     .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")),
             uid: pod.uid().unwrap_or_default(),
+            restarts: status
+                .and_then(|s| s.container_statuses.as_ref())
+                .map_or(0, |cs| cs.iter().map(|c| i64::from(c.restart_count)).sum()),
         }
+    }
+
+    fn instance(&self) -> String {
+        format!("{}#{}", self.uid, self.restarts)
     }
 }
 
@@ -83,7 +92,7 @@ impl Controller {
         NodeInput {
             plan: Arc::new(plan),
             agent: agent.and_then(|a| a.ip).map(|ip| SocketAddr::new(ip, self.ctx.config.agent_port)),
-            agent_uid: agent.map(|a| a.uid.clone()),
+            agent_instance: agent.map(AgentPod::instance),
         }
     }
 }

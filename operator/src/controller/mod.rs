@@ -223,7 +223,7 @@ impl Controller {
             // A node with neither agent nor plan needs no dispatcher. A pod whose Node object is gone keeps its
             // node's dispatcher, which reports the missing agent in the link's status.
             let input = self.node_input(&node);
-            if input.agent_uid.is_none() && input.plan.pods.is_empty() {
+            if input.agent_instance.is_none() && input.plan.pods.is_empty() {
                 self.dispatchers.remove(&node);
                 self.reports.lock().unwrap_or_else(|p| p.into_inner()).remove(&node);
             } else {

@@ -23,8 +23,10 @@ pub struct NodeInput {
     pub plan: Arc<NodePlan>,
     /// The ready agent's address, if the node has one.
     pub agent: Option<SocketAddr>,
-    /// The agent pod's UID: a new one (restarted agent) gets the plan at once even if nothing else changed.
-    pub agent_uid: Option<String>,
+    /// The agent's instance (its pod's UID and container restarts): a new one — a new pod, or the agent's
+    /// container restarted in its pod — gets the plan at once even if nothing else changed. An agent with the
+    /// userspace datapath starts with nothing installed (its captures died with the last one).
+    pub agent_instance: Option<String>,
 }
 
 /// A plan the agent acknowledged, with its reply.
@@ -146,7 +148,7 @@ impl NodeLoop {
         loop {
             let current = self.input.borrow_and_update().clone();
             let leading = *self.leader.borrow_and_update();
-            let agent_now = (current.agent, current.agent_uid.clone());
+            let agent_now = (current.agent, current.agent_instance.clone());
             if agent_now != self.agent_seen {
                 // A new or restarted agent gets the plan at once, whatever the backoff of its predecessor.
                 self.agent_seen = agent_now;

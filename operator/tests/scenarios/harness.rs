@@ -165,11 +165,19 @@ pub fn gated_pod(name: &str, app: &str, node: &str, ip: &str) -> Pod {
 }
 
 pub fn agent_pod(node: &str, ip: &str, uid: &str) -> Pod {
+    agent_pod_restarted(node, ip, uid, 0)
+}
+
+/// An agent pod whose container restarted `restarts` times.
+pub fn agent_pod_restarted(node: &str, ip: &str, uid: &str, restarts: i32) -> Pod {
+    let container =
+        json!({"name": "agent", "ready": true, "restartCount": restarts, "image": "none", "imageID": "none"});
     serde_json::from_value(json!({
         "metadata": {"name": format!("agent-{node}"), "namespace": "isthmus-system", "uid": uid,
             "labels": {"app": "isthmus-agent"}},
         "spec": {"nodeName": node, "containers": [{"name": "agent", "image": "none"}]},
-        "status": {"phase": "Running", "podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]},
+        "status": {"phase": "Running", "podIP": ip, "conditions": [{"type": "Ready", "status": "True"}],
+            "containerStatuses": [container]},
     }))
     .unwrap()
 }

@@ -23,7 +23,7 @@ use kube::runtime::watcher::Event;
 use serde_json::json;
 
 use apiserver::Write;
-use harness::{NS, Scenario, agent_pod, dispatch, pod};
+use harness::{NS, Scenario, agent_pod, agent_pod_restarted, dispatch, pod};
 
 /// No periodic resend: every plan an agent gets is caused by the scenario.
 const NO_RESYNC: Duration = Duration::from_secs(3600);
@@ -329,6 +329,13 @@ async fn a_restarted_agent_gets_the_plan_again_at_once() {
     s.send(Update::Agent(Event::Apply(agent_pod("n1", "10.255.0.1", "uid-agent-n1-restarted")))).await;
     let after = s.eventually("resent", || Some(s.agents.received(a1)).filter(|r| r.len() > before.len())).await;
     assert_eq!(after.last().unwrap().pods, before.last().unwrap().pods);
+
+    // The same pod, its container restarted (an agent with the userspace datapath starts with nothing
+    // installed): it gets the plan again too.
+    let restarted = agent_pod_restarted("n1", "10.255.0.1", "uid-agent-n1-restarted", 1);
+    s.send(Update::Agent(Event::Apply(restarted))).await;
+    let again = s.eventually("resent", || Some(s.agents.received(a1)).filter(|r| r.len() > after.len())).await;
+    assert_eq!(again.last().unwrap().pods, before.last().unwrap().pods);
     s.stop().await;
 }
 

@@ -1,0 +1,163 @@
+//! Userspace datapath benchmark (root; this machine's kernel, which has no netem). Prints a markdown table for
+//! docs/benchmarks.md. Run: `cargo bench -p isthmus-agent --bench userspace` (optionally `-- --runs 5`).
+//!
+//! Each run takes a fresh pair of namespaces (`a` → `b` over a veth), captures two destinations of `a` through
+//! the loop (the capture, the pipeline and the sockets the agent uses, without its API) and measures, the
+//! unimpaired path beside it in the same run:
+//! - the round trip a 0 ms destination adds: UDP ping-pong medians, captured minus unimpaired;
+//! - the error of a 20 ms destination (one way): p50 and p99 of the round trip minus 20 ms minus the unimpaired
+//!   median;
+//! - TCP goodput of one flow to a destination with 1 Gbit/s configured, at 0 ms and at 50 ms one way, with 0 ms and
+//!   no rate (the loop's own ceiling), and to the unimpaired one;
+//! - the loop thread's CPU time per Gbit/s moved during the 0 ms flow.
+
+#[path = "../tests/echo/mod.rs"]
+mod echo;
+#[path = "../tests/datapath_support/mod.rs"]
+mod support;
+
+use std::net::{IpAddr, UdpSocket};
+use std::sync::Arc;
+use std::time::Duration;
+
+use echo::{ECHO_PORT, Echo, round_trips};
+use ipnet::IpNet;
+use isthmus_agent::datapath::QueueBudget;
+use isthmus_agent::netns::Netns;
+use isthmus_agent::userspace::capture::Capture;
+use isthmus_agent::userspace::pipeline::PodPipeline;
+use isthmus_agent::userspace::sys::{RxSocket, TxSocket};
+use isthmus_agent::userspace::{PodPath, Shell};
+use isthmus_agent_api::{Impairment, ImpairmentFields};
+use support::{Pair, in_netns, net};
+
+const PROBES: u32 = 2000;
+
+fn impairment(latency_ms: u64, rate_bps: Option<u64>) -> Arc<Impairment> {
+    let fields = ImpairmentFields { latency: Some(Duration::from_millis(latency_ms)), rate_bps, ..Default::default() };
+    Arc::new(Impairment::try_from(fields).unwrap())
+}
+
+fn quantile(v: &[f64], q: f64) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * q).round() as usize]
+}
+
+fn rtts(pair: &Pair, dst: IpAddr) -> Vec<f64> {
+    let socket = in_netns(&pair.a, || UdpSocket::bind(("0.0.0.0", 0))).unwrap();
+    let got: Vec<f64> = round_trips(socket, dst, PROBES, Duration::from_millis(300)).into_iter().flatten().collect();
+    assert!(got.len() as u32 > PROBES * 99 / 100, "more than 1 % of the probes to {dst} lost");
+    got
+}
+
+/// User + system CPU seconds of this process's thread named `name`.
+fn thread_cpu_seconds(name: &str) -> f64 {
+    let tick = 100.0; // USER_HZ
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if comm.trim() == name {
+            let stat = std::fs::read_to_string(task.path().join("stat")).unwrap();
+            let fields: Vec<&str> = stat.rsplit(')').next().unwrap().split_whitespace().collect();
+            let (utime, stime): (f64, f64) = (fields[11].parse().unwrap(), fields[12].parse().unwrap());
+            return (utime + stime) / tick;
+        }
+    }
+    panic!("no thread {name}");
+}
+
+struct Run {
+    added_rtt_ms: f64,
+    error_p50_ms: f64,
+    error_p99_ms: f64,
+    goodput_0ms: f64,
+    goodput_50ms: f64,
+    goodput_free: f64,
+    goodput_unlimited: f64,
+    cpu_per_gbit: f64,
+}
+
+async fn one_run(i: usize) -> Run {
+    let pair = Pair::new(&format!("usb{i}"));
+    let ips: Vec<IpAddr> = ["10.77.0.2", "10.77.0.3"].iter().map(|s| s.parse().unwrap()).collect();
+    let _echoes: Vec<Echo> =
+        ips.iter().map(|ip| Echo::serve(in_netns(&pair.b, || UdpSocket::bind((*ip, ECHO_PORT))).unwrap())).collect();
+    let agent_ns = Netns::scratch().await.unwrap();
+    let pod_ns = Netns::open(format!("/run/netns/{}", pair.a).as_ref()).unwrap();
+    let capture = Capture::attach(&agent_ns, &pod_ns, "va", "u-bench").await.unwrap();
+    let shell = Shell::start().unwrap();
+    let attach = async |destinations: &[(IpNet, Arc<Impairment>)]| {
+        let agent_end = capture.agent_end;
+        let rx = agent_ns.run_inside(move || RxSocket::open(agent_end)).await.unwrap().unwrap();
+        let tx = pod_ns.run_inside(|| TxSocket::open("va")).await.unwrap().unwrap();
+        let bound = QueueBudget::default().bound(destinations.len());
+        let pipeline = PodPipeline::new(destinations.iter().map(|(n, i)| (n, i.as_ref())), bound, 1, shell.now());
+        shell.attach("a", PodPath { rx, tx, pipeline, mtu: capture.mtu });
+        for (d, _) in destinations {
+            capture.route(*d, None).await.unwrap();
+        }
+    };
+    // 10.77.0.2 captured; 10.77.0.3 the unimpaired path. The capture's route goes first, then the latency.
+    attach(&[(net("10.77.0.2/32"), impairment(0, None))]).await;
+    let free = rtts(&pair, ips[1]);
+    let zero = rtts(&pair, ips[0]);
+    let base = quantile(&free, 0.5);
+    let added_rtt_ms = quantile(&zero, 0.5) - base;
+
+    attach(&[(net("10.77.0.2/32"), impairment(20, None))]).await;
+    let twenty: Vec<f64> = rtts(&pair, ips[0]).iter().map(|r| r - 20.0 - base).collect();
+
+    attach(&[(net("10.77.0.2/32"), impairment(0, Some(1_000_000_000)))]).await;
+    let cpu_before = thread_cpu_seconds("isthmus-us-loop");
+    let wall = std::time::Instant::now();
+    let goodput_0ms = pair.tcp_goodput_bps(ips[0], 5500);
+    let cpu = thread_cpu_seconds("isthmus-us-loop") - cpu_before;
+    // The goodput is measured over part of the transfer; the CPU over all of it: per Gbit/s of the flow's rate.
+    let cpu_per_gbit = cpu / wall.elapsed().as_secs_f64() / (goodput_0ms / 1e9);
+
+    attach(&[(net("10.77.0.2/32"), impairment(0, None))]).await;
+    let goodput_unlimited = pair.tcp_goodput_bps(ips[0], 5503);
+
+    attach(&[(net("10.77.0.2/32"), impairment(50, Some(1_000_000_000)))]).await;
+    let goodput_50ms = pair.tcp_goodput_bps(ips[0], 5501);
+    let goodput_free = pair.tcp_goodput_bps(ips[1], 5502);
+    capture.detach().await.unwrap();
+    Run {
+        added_rtt_ms,
+        error_p50_ms: quantile(&twenty, 0.5),
+        error_p99_ms: quantile(&twenty, 0.99),
+        goodput_0ms,
+        goodput_50ms,
+        goodput_free,
+        goodput_unlimited,
+        cpu_per_gbit,
+    }
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let runs = args.iter().position(|a| a == "--runs").and_then(|i| args.get(i + 1)).map_or(5, |r| r.parse().unwrap());
+    let mut all = Vec::new();
+    for i in 0..runs {
+        all.push(one_run(i).await);
+        eprintln!("run {} of {runs} done", i + 1);
+    }
+    type Row = (&'static str, &'static str, fn(&Run) -> f64, &'static str);
+    let rows: [Row; 8] = [
+        ("round trip added, 0 ms configured", "µs", (|r| r.added_rtt_ms * 1000.0), "≤ 50 µs (p50)"),
+        ("latency error at 20 ms, p50", "µs", (|r| r.error_p50_ms * 1000.0), ""),
+        ("latency error at 20 ms, p99", "µs", (|r| r.error_p99_ms * 1000.0), "≤ 1 ms"),
+        ("one TCP flow, 1 Gbit/s at 0 ms", "Mbit/s", (|r| r.goodput_0ms / 1e6), "the rate: 956 (payload of 1 Gbit/s)"),
+        ("one TCP flow, 1 Gbit/s at 50 ms", "Mbit/s", (|r| r.goodput_50ms / 1e6), ""),
+        ("one TCP flow, 0 ms and no rate: the loop's ceiling", "Mbit/s", (|r| r.goodput_unlimited / 1e6), ""),
+        ("one TCP flow, not captured (reference)", "Mbit/s", (|r| r.goodput_free / 1e6), ""),
+        ("loop thread CPU per Gbit/s (0 ms flow)", "cores", (|r| r.cpu_per_gbit), ""),
+    ];
+    println!("| quantity | unit | runs | median | target |\n|---|---|---|---|---|");
+    for (what, unit, f, target) in rows {
+        let values: Vec<f64> = all.iter().map(f).collect();
+        let shown: Vec<String> = values.iter().map(|v| format!("{v:.2}")).collect();
+        println!("| {what} | {unit} | {} | {:.2} | {target} |", shown.join(", "), quantile(&values, 0.5));
+    }
+}
