@@ -9,7 +9,7 @@ mod echo;
 use std::net::{IpAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
-use agent_common::{Agent, AgentOptions, Ns, TestCerts, add_addr, ip, veth};
+use agent_common::{Agent, AgentOptions, Fleet, Ns, TestCerts, add_addr, ip, veth};
 use echo::{ECHO_PORT, Echo, WAIT, median, round_trips};
 use isthmus_agent_api::test_util::{destination, link, pod};
 use isthmus_agent_api::{DatapathKind, Impairment, ImpairmentFields, NodePlan, PodOutcome};
@@ -97,4 +97,43 @@ async fn userspace_datapath_emulates_fails_open_on_kill9_and_comes_back() {
     assert!(!routes.contains(&far.to_string()), "an empty plan left a route:\n{routes}");
     assert!(probe(&client, far, 50) < 3.0);
     agent.kill9();
+}
+
+/// One agent, one loop thread, 100 pods × 10 destinations: every pod captured, the agent's memory within the
+/// issue's 100 MiB, and an empty plan takes every capture away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_agent_emulates_100_pods_with_10_destinations_each() {
+    const PODS: usize = 100;
+    let dirs = agent_common::agent_dirs("isth-us100-");
+    let fleet = Fleet::new("isth-u100-", PODS, &dirs.1, [10, 249]);
+    let certs = TestCerts::new();
+    let tls_dir = certs.agent_dir();
+    let options = AgentOptions::in_dirs(NODE, &tls_dir, &dirs, &[("ISTHMUS_DATAPATH", "userspace")]);
+    let agent = Agent::start(&options);
+    let operator = certs.operator();
+    let to: Vec<IpAddr> = (1..=10).map(|i| IpAddr::from([10, 250, 0, i])).collect();
+    let pods = fleet
+        .ips
+        .iter()
+        .enumerate()
+        .map(|(i, ip)| {
+            let destinations = to.iter().map(|d| destination(*d, latency(10 + i as u64 % 7), link("wan"))).collect();
+            pod(&format!("uid-{i}"), &format!("pod-{i}"), &[*ip], destinations)
+        })
+        .collect();
+    let reply = operator.apply(agent.api, &NodePlan { node: NODE.into(), version: 1, pods }).await.unwrap();
+    let failed: Vec<_> = reply.pods.iter().filter(|p| p.outcome != PodOutcome::Applied).collect();
+    assert!(failed.is_empty() && reply.pods.len() == PODS, "{failed:?}\n{}", agent.log_text());
+    for ns in [&fleet.pods[0], &fleet.pods[PODS - 1]] {
+        assert!(has_capture(ns), "{} has no capture", ns.name);
+        let routes = ip(&["-n", &ns.name, "route", "show", "dev", "isth-u0"]);
+        assert_eq!(routes.lines().count(), 10, "{}: {routes}", ns.name);
+    }
+    let (rss, peak) = agent.rss_kib();
+    println!("agent with {PODS} pods × 10 destinations: RSS {} MiB, peak {} MiB", rss / 1024, peak / 1024);
+    assert!(peak < 100 * 1024, "the agent's peak RSS {peak} KiB exceeds 100 MiB");
+    let reply = operator.apply(agent.api, &NodePlan { node: NODE.into(), version: 2, pods: vec![] }).await.unwrap();
+    assert!(reply.pods.is_empty());
+    let left: Vec<&str> = fleet.pods.iter().filter(|ns| has_capture(ns)).map(|ns| ns.name.as_str()).collect();
+    assert!(left.is_empty(), "captures left after an empty plan: {left:?}");
 }

@@ -92,19 +92,28 @@ impl Capture {
         if let Some(old) = link_by_name(&pod, POD_END).await? {
             pod.link().del(old.header.index).execute().await.map_err(netlink("remove an earlier capture"))?;
         }
+        // The pod end is made under a name unique in the agent's namespace (pods are attached in parallel there),
+        // moved into the pod's namespace, and named there.
+        let moving = format!("{agent_end}p");
         agent
             .link()
-            .add(LinkVeth::new(agent_end, POD_END).mtu(mtu).build())
+            .add(LinkVeth::new(agent_end, &moving).mtu(mtu).build())
             .execute()
             .await
             .map_err(netlink("create the capture's veth pair"))?;
-        let peer = link_by_name(&agent, POD_END).await?.ok_or_else(|| CaptureError::NoInterface(POD_END.into()))?;
+        let peer = link_by_name(&agent, &moving).await?.ok_or_else(|| CaptureError::NoInterface(moving.clone()))?;
         agent
             .link()
             .set(LinkUnspec::new_with_index(peer.header.index).mtu(mtu).setns_by_fd(raw(pod_ns)).build())
             .execute()
             .await
             .map_err(netlink("move the capture's end into the pod"))?;
+        let moved = link_by_name(&pod, &moving).await?.ok_or_else(|| CaptureError::NoInterface(moving.clone()))?;
+        pod.link()
+            .set(LinkUnspec::new_with_index(moved.header.index).name(POD_END).build())
+            .execute()
+            .await
+            .map_err(netlink("name the capture's end in the pod"))?;
         let ours = link_by_name(&agent, agent_end).await?.ok_or_else(|| CaptureError::NoInterface(agent_end.into()))?;
         agent
             .link()

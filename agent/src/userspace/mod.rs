@@ -186,15 +186,16 @@ impl Loop {
         let mut due = Vec::new();
         let mut buf = vec![0u8; 65_536];
         loop {
-            if !self.read_commands() {
-                return;
-            }
-            fds.clear();
-            names.clear();
-            fds.push(self.wake.as_raw_fd());
-            for (name, pod) in &self.pods {
-                fds.push(pod.path.rx.as_raw_fd());
-                names.push(name.clone());
+            let Some(changed) = self.read_commands() else { return };
+            // The poll set changes only with the pods: rebuilt then, not at every packet.
+            if changed || fds.is_empty() {
+                fds.clear();
+                names.clear();
+                fds.push(self.wake.as_raw_fd());
+                for (name, pod) in &self.pods {
+                    fds.push(pod.path.rx.as_raw_fd());
+                    names.push(name.clone());
+                }
             }
             let now = self.now();
             let next = self.pods.values().filter_map(Pod::next_wakeup).min();
@@ -221,8 +222,9 @@ impl Loop {
         }
     }
 
-    /// Applies the commands waiting; false once the Shell is gone.
-    fn read_commands(&mut self) -> bool {
+    /// Applies the commands waiting: whether the pods (or their sockets) changed, `None` once the Shell is gone.
+    fn read_commands(&mut self) -> Option<bool> {
+        let mut changed = false;
         loop {
             match self.inbox.try_recv() {
                 Ok(Command::Attach(name, path)) => {
@@ -233,16 +235,17 @@ impl Loop {
                         draining.retain(|p| p.next_wakeup().is_some());
                     }
                     self.pods.insert(name, Pod { path: *path, draining });
+                    changed = true;
                 }
                 Ok(Command::Detach(name)) => {
-                    self.pods.remove(&name);
+                    changed |= self.pods.remove(&name).is_some();
                 }
                 Ok(Command::Counters(name, reply)) => {
                     let answer = self.pods.get(&name).map(|p| (p.path.pipeline.counters().collect(), self.counters));
                     let _ = reply.send(answer);
                 }
-                Err(mpsc::TryRecvError::Empty) => return true,
-                Err(mpsc::TryRecvError::Disconnected) => return false,
+                Err(mpsc::TryRecvError::Empty) => return Some(changed),
+                Err(mpsc::TryRecvError::Disconnected) => return None,
             }
         }
     }
