@@ -180,3 +180,23 @@ async fn an_edit_lets_the_packets_already_delayed_leave_as_scheduled() {
     assert!(rtts.iter().flatten().all(|r| *r >= 10.0), "a probe skipped the delay: {rtts:?}");
     capture.detach().await.unwrap();
 }
+
+#[tokio::test]
+async fn an_ipv6_destination_is_delayed_too() {
+    let pair = Pair::new("us-v6");
+    let impaired: IpAddr = "fd77::2".parse().unwrap();
+    let _echo = echo(&pair.b, impaired);
+    let latency = impairment(ImpairmentFields { latency: Some(Duration::from_millis(20)), ..Default::default() });
+    let (_agent_ns, _pod_ns, capture, _shell) = start(&pair, &[(net("fd77::2/128"), latency)]).await;
+    let a = pair.a.clone();
+    let rtts = tokio::task::spawn_blocking(move || {
+        let socket = in_netns(&a, || UdpSocket::bind(("::", 0))).unwrap();
+        round_trips(socket, impaired, 100, WAIT)
+    })
+    .await
+    .unwrap();
+    let slow = median(&rtts);
+    println!("median RTT to {impaired}: {slow:.3} ms (20 ms one way)");
+    assert!((20.0..23.0).contains(&slow), "IPv6 destination: median {slow} ms, want 20 ms plus at most 3");
+    capture.detach().await.unwrap();
+}
