@@ -26,7 +26,6 @@ use isthmus_agent::datapath::QueueBudget;
 use isthmus_agent::netns::Netns;
 use isthmus_agent::userspace::capture::Capture;
 use isthmus_agent::userspace::pipeline::PodPipeline;
-use isthmus_agent::userspace::sys::{RxSocket, TxSocket};
 use isthmus_agent::userspace::{PodPath, Shell};
 use isthmus_agent_api::{Impairment, ImpairmentFields};
 use support::{Pair, in_netns, net};
@@ -87,12 +86,9 @@ async fn one_run(i: usize) -> Run {
     let capture = Capture::attach(&agent_ns, &pod_ns, "va", "u-bench").await.unwrap();
     let shell = Shell::start().unwrap();
     let attach = async |destinations: &[(IpNet, Arc<Impairment>)]| {
-        let agent_end = capture.agent_end;
-        let rx = agent_ns.run_inside(move || RxSocket::open(agent_end)).await.unwrap().unwrap();
-        let tx = pod_ns.run_inside(|| TxSocket::open("va")).await.unwrap().unwrap();
         let bound = QueueBudget::default().bound(destinations.len());
         let pipeline = PodPipeline::new(destinations.iter().map(|(n, i)| (n, i.as_ref())), bound, 1, shell.now());
-        shell.attach("a", PodPath { rx, tx, pipeline, mtu: capture.mtu });
+        shell.attach("a", PodPath::open(&agent_ns, &pod_ns, &capture, "va", pipeline).await.unwrap());
         for (d, _) in destinations {
             capture.route(*d, None).await.unwrap();
         }

@@ -16,7 +16,6 @@ use isthmus_agent::datapath::QueueBudget;
 use isthmus_agent::netns::Netns;
 use isthmus_agent::userspace::capture::{Capture, POD_END};
 use isthmus_agent::userspace::pipeline::PodPipeline;
-use isthmus_agent::userspace::sys::{RxSocket, TxSocket};
 use isthmus_agent::userspace::{PodPath, Shell};
 use isthmus_agent_api::test_util::rate;
 use isthmus_agent_api::{Correlated, Impairment, ImpairmentFields, Loss, Percent};
@@ -45,12 +44,9 @@ async fn path(
     shell: &Shell,
     destinations: &[(ipnet::IpNet, Arc<Impairment>)],
 ) -> PodPath {
-    let agent_end = capture.agent_end;
-    let rx = agent_ns.run_inside(move || RxSocket::open(agent_end)).await.unwrap().unwrap();
-    let tx = pod_ns.run_inside(|| TxSocket::open("va")).await.unwrap().unwrap();
     let bound = QueueBudget::default().bound(destinations.len());
     let pipeline = PodPipeline::new(destinations.iter().map(|(n, i)| (n, i.as_ref())), bound, 1, shell.now());
-    PodPath { rx, tx, pipeline, mtu: capture.mtu }
+    PodPath::open(agent_ns, pod_ns, capture, "va", pipeline).await.unwrap()
 }
 
 /// The capture and the loop for namespace `a` of `pair`, emulating `destinations`.

@@ -46,6 +46,33 @@ pub struct PodPath {
     pub mtu: u32,
 }
 
+impl PodPath {
+    /// The path through `capture` for `pipeline`: its packet socket opened in the agent's namespace `agent_ns`,
+    /// its raw sockets on `interface` in the pod's namespace `pod_ns`.
+    pub async fn open(
+        agent_ns: &crate::netns::Netns,
+        pod_ns: &crate::netns::Netns,
+        capture: &capture::Capture,
+        interface: &str,
+        pipeline: PodPipeline,
+    ) -> Result<PodPath, EmulationError> {
+        let agent_end = capture.agent_end;
+        let socket = |action| move |source| EmulationError::Socket { action, source };
+        let rx = agent_ns
+            .run_inside(move || RxSocket::open(agent_end))
+            .await
+            .map_err(socket("enter the agent's namespace"))?
+            .map_err(socket("open the capture's packet socket"))?;
+        let name = interface.to_owned();
+        let tx = pod_ns
+            .run_inside(move || TxSocket::open(&name))
+            .await
+            .map_err(socket("enter the pod's namespace"))?
+            .map_err(socket("open the raw sockets on the pod's interface"))?;
+        Ok(PodPath { rx, tx, pipeline, mtu: capture.mtu })
+    }
+}
+
 /// What the loop counts beyond each emulator's own counters.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct ShellCounters {

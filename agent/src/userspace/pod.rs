@@ -11,7 +11,6 @@ use isthmus_agent_api::Counters;
 
 use super::capture::{Capture, CaptureError};
 use super::pipeline::PodPipeline;
-use super::sys::{RxSocket, TxSocket};
 use super::{PodPath, Shell};
 use crate::datapath::DesiredState;
 use crate::netns::Netns;
@@ -154,25 +153,10 @@ impl PodEmulation {
         interface: &str,
         desired: &DesiredState,
     ) -> Result<(), EmulationError> {
-        let agent_end = installed.capture.agent_end;
-        let socket = |action| move |source| EmulationError::Socket { action, source };
-        let rx = self
-            .userspace
-            .netns
-            .run_inside(move || RxSocket::open(agent_end))
-            .await
-            .map_err(socket("enter the agent's namespace"))?
-            .map_err(socket("open the capture's packet socket"))?;
-        let name = interface.to_owned();
-        let tx = self
-            .netns
-            .run_inside(move || TxSocket::open(&name))
-            .await
-            .map_err(socket("enter the pod's namespace"))?
-            .map_err(socket("open the raw sockets on the pod's interface"))?;
         let shell = &self.userspace.shell;
         let pipeline = PodPipeline::new(desired.destinations(), desired.queue_bound(), self.id, shell.now());
-        shell.attach(&self.key(), PodPath { rx, tx, pipeline, mtu: installed.capture.mtu });
+        let path = PodPath::open(&self.userspace.netns, &self.netns, &installed.capture, interface, pipeline).await?;
+        shell.attach(&self.key(), path);
         Ok(())
     }
 
