@@ -156,7 +156,7 @@ async fn an_edit_lets_the_packets_already_delayed_leave_as_scheduled() {
     let impaired: IpAddr = "10.77.0.2".parse().unwrap();
     let _echo = echo(&pair.b, impaired);
     let ms = |ms| impairment(ImpairmentFields { latency: Some(Duration::from_millis(ms)), ..Default::default() });
-    let (agent_ns, pod_ns, capture, shell) = start(&pair, &[(net("10.77.0.2/32"), ms(100))]).await;
+    let (_agent_ns, _pod_ns, capture, shell) = start(&pair, &[(net("10.77.0.2/32"), ms(100))]).await;
     // 200 probes 5 ms apart (about a second); 300 ms in, the destination's latency drops to 10 ms. Netem's
     // `change` keeps its queue: the probes already delayed by 100 ms still arrive, after the faster ones.
     let a = pair.a.clone();
@@ -165,7 +165,9 @@ async fn an_edit_lets_the_packets_already_delayed_leave_as_scheduled() {
         pipelined_round_trips(socket, impaired, 200, Duration::from_millis(5), WAIT)
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    shell.attach("a", path(&agent_ns, &pod_ns, &capture, &shell, &[(net("10.77.0.2/32"), ms(10))]).await);
+    let faster = ms(10);
+    let bound = QueueBudget::default().bound(1);
+    shell.retune("a", PodPipeline::new([(&net("10.77.0.2/32"), faster.as_ref())], bound, 1, shell.now()));
     let rtts = prober.await.unwrap();
     let lost = rtts.iter().filter(|r| r.is_none()).count();
     let (slow, fast) =

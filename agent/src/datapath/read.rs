@@ -13,8 +13,10 @@ use super::reconcile::{Datapath, Dump};
 use super::units;
 
 impl Datapath {
-    /// Per destination: the counters of its class, with drops and overlimits summed over its TBF and netem.
-    /// `None` when no isthmus tree is on the interface.
+    /// Per destination: the counters of its class, with overlimits summed over its TBF and netem. Drops are the
+    /// class's alone: a packet dropped by netem (loss, a full queue) or TBF is counted by that qdisc *and* by
+    /// every parent it returns the drop to (TBF, then the HTB class), so summing them counted each drop two or
+    /// three times. `None` when no isthmus tree is on the interface.
     pub async fn observe(&self, interface: &str) -> Result<Option<Vec<(IpNet, Counters)>>, DatapathError> {
         let Some((_, dump, ours)) = self.dump_isthmus_tree(interface).await? else { return Ok(None) };
         let counters_of = |h: Handle| dump.counters.iter().find(|(x, _)| *x == h).map(|(_, c)| *c);
@@ -24,7 +26,6 @@ impl Datapath {
                 let mut total = counters_of(slot.class()).unwrap_or_default();
                 for qdisc in [slot.tbf(), slot.netem()] {
                     if let Some(c) = counters_of(qdisc) {
-                        total.drops += c.drops;
                         total.overlimits += c.overlimits;
                     }
                 }

@@ -87,6 +87,8 @@ pub type PodCounters = (Vec<(ipnet::IpNet, isthmus_agent_api::Counters)>, ShellC
 
 enum Command {
     Attach(String, Box<PodPath>),
+    /// A new pipeline for an attached pod, on the sockets it has.
+    Retune(String, Box<PodPipeline>),
     Detach(String),
     /// Replies with the pod's destinations' counters and the loop's.
     Counters(String, mpsc::Sender<Option<PodCounters>>),
@@ -136,6 +138,14 @@ impl Shell {
         self.send(Command::Attach(pod.to_owned(), Box::new(path)));
     }
 
+    /// Gives an attached `pod` a new pipeline on the sockets it has; packets the old pipeline holds still leave
+    /// when it scheduled them. Not a new path: a second packet socket on the capture would receive a copy of
+    /// every packet until the loop swapped them, and both pipelines would send it. Ignored for a pod not
+    /// attached.
+    pub fn retune(&self, pod: &str, pipeline: PodPipeline) {
+        self.send(Command::Retune(pod.to_owned(), Box::new(pipeline)));
+    }
+
     /// Stops reading `pod`'s packets; those still in its delay line are dropped.
     pub fn detach(&self, pod: &str) {
         self.send(Command::Detach(pod.to_owned()));
@@ -161,9 +171,9 @@ impl Drop for Shell {
     }
 }
 
-/// A pod in the loop: its path, and the pipelines of its earlier paths that still hold packets. An edit gives
-/// the pod a new pipeline; what the old one holds leaves as that one scheduled it (as `tc qdisc change` keeps a
-/// netem's queue), sent through the new path's socket.
+/// A pod in the loop: its path, and its earlier pipelines that still hold packets. An edit gives the pod a new
+/// pipeline; what the old one holds leaves as that one scheduled it (as `tc qdisc change` keeps a netem's
+/// queue), sent through the path's socket.
 struct Pod {
     path: PodPath,
     draining: Vec<PodPipeline>,
@@ -263,6 +273,14 @@ impl Loop {
                     }
                     self.pods.insert(name, Pod { path: *path, draining });
                     changed = true;
+                }
+                Ok(Command::Retune(name, pipeline)) => {
+                    if let Some(pod) = self.pods.get_mut(&name) {
+                        let old = std::mem::replace(&mut pod.path.pipeline, *pipeline);
+                        if old.next_wakeup().is_some() {
+                            pod.draining.push(old);
+                        }
+                    }
                 }
                 Ok(Command::Detach(name)) => {
                     changed |= self.pods.remove(&name).is_some();

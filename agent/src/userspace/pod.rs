@@ -88,9 +88,9 @@ impl PodEmulation {
     }
 
     /// Brings the pod to `desired` behind `interface`: the capture (made when missing, or when `full` and its
-    /// pod end is gone), a new path through the loop when the destinations or impairments changed (packets the
-    /// old one holds still leave as it scheduled them), and the routes added and withdrawn. Returns the changes
-    /// made.
+    /// pod end is gone) with its path through the loop, a new pipeline on that path when the destinations or
+    /// impairments changed (packets the old one holds still leave as it scheduled them), and the routes added
+    /// and withdrawn. Returns the changes made.
     /// Empty `desired` removes everything.
     pub async fn reconcile(
         &self,
@@ -125,8 +125,11 @@ impl PodEmulation {
             changes += 1;
         }
         let installed = state.as_mut().expect("set above");
-        if stale || installed.desired != *desired {
+        if stale {
             self.attach_path(installed, interface, desired).await?;
+            changes += 1;
+        } else if installed.desired != *desired {
+            self.userspace.shell.retune(&self.key(), self.pipeline(desired));
             changes += 1;
         }
         let before: BTreeSet<IpNet> = installed.desired.destinations().map(|(d, _)| *d).collect();
@@ -153,11 +156,14 @@ impl PodEmulation {
         interface: &str,
         desired: &DesiredState,
     ) -> Result<(), EmulationError> {
-        let shell = &self.userspace.shell;
-        let pipeline = PodPipeline::new(desired.destinations(), desired.queue_bound(), self.id, shell.now());
+        let pipeline = self.pipeline(desired);
         let path = PodPath::open(&self.userspace.netns, &self.netns, &installed.capture, interface, pipeline).await?;
-        shell.attach(&self.key(), path);
+        self.userspace.shell.attach(&self.key(), path);
         Ok(())
+    }
+
+    fn pipeline(&self, desired: &DesiredState) -> PodPipeline {
+        PodPipeline::new(desired.destinations(), desired.queue_bound(), self.id, self.userspace.shell.now())
     }
 
     /// Each destination's counters, as the emulators keep them; empty when nothing is installed.
