@@ -24,8 +24,8 @@ unit: ## cargo tests of every crate, then the agent's root-only netlink tests (i
 kernel-test: ## datapath tests inside stock kernels (Debian packages resolved by rule, cached in $(CACHE)/kernel); a measurement is taken up to 3 times, every retry in the report
 	CACHE=$(CACHE) e2e/kernel/rig all
 
-kernel-test-one: ## one test (or a comma list / substring) in the rig: make kernel-test-one TEST=delay [KERNEL=sid|bookworm]
-	@test -n "$(TEST)" || { echo "usage: make kernel-test-one TEST=name[,name] [KERNEL=bookworm|sid]"; e2e/kernel/rig list; exit 2; }
+kernel-test-one: ## one test (or a comma list / substring) in the rig: make kernel-test-one TEST=delay [KERNEL=sid|bookworm|host]
+	@test -n "$(TEST)" || { echo "usage: make kernel-test-one TEST=name[,name] [KERNEL=bookworm|sid|host]"; e2e/kernel/rig list; exit 2; }
 	CACHE=$(CACHE) e2e/kernel/rig all --test $(TEST) $(if $(KERNEL),--kernel $(KERNEL))
 
 kernel-fetch: ## only resolve, download and prepare the rig's kernels and host tools (REFRESH=1: ask the archive even when cached)

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use isthmus_kernel_tests::protocol::{TestRecord, Verdict, emit};
+use isthmus_kernel_tests::protocol::{TestRecord, USERSPACE_SUFFIX, Verdict, emit};
 
 /// How the guest kernel runs; timing tolerances depend on it (QEMU TCG adds about 1–2 ms to every delay and
 /// more under host load; UML is within a fraction of a millisecond on a quiet host).
@@ -36,19 +36,45 @@ impl Backend {
     }
 }
 
+/// Which of the agent's datapaths a test drives (kernel checks drive none and say `Tc`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    /// The tc tree: HTB, netem, TBF, u32.
+    Tc,
+    /// The userspace datapath, for kernels without netem: a test of this kind is named `<name>.userspace`
+    /// ([`isthmus_kernel_tests::protocol::USERSPACE_SUFFIX`]).
+    Userspace,
+}
+
 pub enum Outcome {
     Pass,
     Skip(String),
 }
 
+/// A test's body.
+pub type Run = fn(&mut Ctx) -> anyhow::Result<Outcome>;
+
 pub struct Test {
     pub name: &'static str,
-    pub run: fn(&mut Ctx) -> anyhow::Result<Outcome>,
+    pub run: Run,
+    pub via: Via,
+}
+
+impl Test {
+    pub const fn tc(name: &'static str, run: Run) -> Test {
+        Test { name, run, via: Via::Tc }
+    }
+
+    /// `name` ends in [`USERSPACE_SUFFIX`].
+    pub const fn userspace(name: &'static str, run: Run) -> Test {
+        Test { name, run, via: Via::Userspace }
+    }
 }
 
 pub struct Ctx {
     pub kernel: String,
     pub backend: Backend,
+    pub via: Via,
     pub runtime: tokio::runtime::Runtime,
     output: String,
     summary: Vec<String>,
@@ -133,13 +159,14 @@ pub struct RunConfig {
     pub backend: Backend,
 }
 
-/// Tests whose name equals one of the comma-separated filters; a filter that names no test exactly selects
-/// every test whose name contains it.
+/// Tests whose name equals one of the comma-separated filters (a tc test's name selects its userspace twin
+/// too); a filter that names no test exactly selects every test whose name contains it.
 pub fn select<'a>(tests: &'a [Test], filter: Option<&str>) -> anyhow::Result<Vec<&'a Test>> {
     let Some(filter) = filter else { return Ok(tests.iter().collect()) };
     let mut chosen = Vec::new();
     for f in filter.split(',').map(str::trim).filter(|f| !f.is_empty()) {
-        let exact: Vec<&Test> = tests.iter().filter(|t| t.name == f).collect();
+        let twin = format!("{f}{USERSPACE_SUFFIX}");
+        let exact: Vec<&Test> = tests.iter().filter(|t| t.name == f || t.name == twin).collect();
         let matched = if exact.is_empty() { tests.iter().filter(|t| t.name.contains(f)).collect() } else { exact };
         if matched.is_empty() {
             anyhow::bail!("--test: no test matches {f:?}");
@@ -165,6 +192,7 @@ pub fn run(tests: &[&Test], config: &RunConfig) -> bool {
         let mut ctx = Ctx {
             kernel: config.kernel.clone(),
             backend: config.backend,
+            via: test.via,
             runtime,
             output: String::new(),
             summary: Vec::new(),
@@ -239,15 +267,18 @@ mod tests {
     #[test]
     fn selection_by_exact_name_substring_and_list() {
         let tests = [
-            Test { name: "loss_random", run: noop },
-            Test { name: "loss_gilbert_elliott", run: noop },
-            Test { name: "delay", run: noop },
+            Test::tc("loss_random", noop),
+            Test::tc("loss_gilbert_elliott", noop),
+            Test::tc("delay", noop),
+            Test::userspace("delay.userspace", noop),
         ];
         let names = |f| select(&tests, Some(f)).unwrap().iter().map(|t| t.name).collect::<Vec<_>>();
-        assert_eq!(names("delay"), ["delay"]);
+        assert_eq!(names("delay"), ["delay", "delay.userspace"]);
+        assert_eq!(names("delay.userspace"), ["delay.userspace"]);
+        assert_eq!(names(".userspace"), ["delay.userspace"]);
         assert_eq!(names("loss"), ["loss_random", "loss_gilbert_elliott"]);
-        assert_eq!(names("delay,loss_random,delay"), ["delay", "loss_random"]);
+        assert_eq!(names("delay,loss_random,delay"), ["delay", "delay.userspace", "loss_random"]);
         assert!(select(&tests, Some("nothing")).is_err());
-        assert_eq!(select(&tests, None).unwrap().len(), 3);
+        assert_eq!(select(&tests, None).unwrap().len(), 4);
     }
 }

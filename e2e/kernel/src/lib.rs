@@ -11,6 +11,7 @@ pub mod rig {
     pub mod elf;
     pub mod modules;
     pub mod packages;
+    pub mod parity;
     pub mod report;
     pub mod rules;
 }

@@ -11,6 +11,9 @@ use serde::{Deserialize, Serialize};
 
 pub const RESULT_PREFIX: &str = "ISTHMUS-RESULT ";
 pub const EXIT_PREFIX: &str = "ISTHMUS-EXIT ";
+/// The suffix naming a fidelity test's run through the userspace datapath; without it, the same test through
+/// the tc tree.
+pub const USERSPACE_SUFFIX: &str = ".userspace";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -13,10 +13,10 @@ use crate::traffic::{StreamSpec, stream};
 
 pub fn tests() -> Vec<Test> {
     vec![
-        Test { name: "kernel_modules_loaded", run: kernel_modules_loaded },
-        Test { name: "kernel_objects_iproute2", run: kernel_objects_iproute2 },
-        Test { name: "baseline_no_qdisc", run: baseline_no_qdisc },
-        Test { name: "reference_tree_iproute2", run: reference_tree_iproute2 },
+        Test::tc("kernel_modules_loaded", kernel_modules_loaded),
+        Test::tc("kernel_objects_iproute2", kernel_objects_iproute2),
+        Test::tc("baseline_no_qdisc", baseline_no_qdisc),
+        Test::tc("reference_tree_iproute2", reference_tree_iproute2),
     ]
 }
 

@@ -2,6 +2,8 @@
 
 #[cfg(feature = "datapath")]
 mod datapath;
+#[cfg(feature = "datapath")]
+mod emulator;
 mod expect;
 mod kernel;
 #[cfg(feature = "datapath")]

@@ -8,15 +8,19 @@ use anyhow::{Context, ensure};
 use ipnet::IpNet;
 use isthmus_agent::datapath::queue::MIN_BYTES_PER_POD;
 use isthmus_agent::datapath::units::{FRAME_BYTES, queue_cap};
-use isthmus_agent::datapath::{Datapath, DesiredState, QueueBudget};
+use isthmus_agent::datapath::{DesiredState, QueueBudget};
 use isthmus_agent_api::{Impairment, ImpairmentFields, MAX_QUEUE_LIMIT_PACKETS};
 
-use crate::harness::{Ctx, Outcome, Test};
-use crate::netns::{Link, SOURCE_IF};
+use super::emulator::Emulation;
+use crate::harness::{Ctx, Outcome, Test, Via};
+use crate::netns::Link;
 use crate::traffic::flood;
 
 pub fn tests() -> Vec<Test> {
-    vec![Test { name: "queue_bound_under_flood", run: queue_bound_under_flood }]
+    vec![
+        Test::tc("queue_bound_under_flood", queue_bound_under_flood),
+        Test::userspace("queue_bound_under_flood.userspace", queue_bound_under_flood),
+    ]
 }
 
 /// How long the flood runs, and the datagrams spread over it: over ten times what the three queues may hold, yet
@@ -35,7 +39,7 @@ const PER_POD: u64 = MIN_BYTES_PER_POD;
 /// 10 Gbit/s netem's queue would be billions of packets, each held for the hour, apart from its socket. Three
 /// destinations: netem with a derived queue, netem with the largest `queueLimit` the schema allows, and a slow
 /// TBF alone with that `queueLimit`. A 10 s UDP flood to all three; each queue's backlog (the kernel's counters,
-/// read over netlink by the datapath's `observe`) stays within its bound and together within the pod's budget.
+/// read over netlink by the datapath's `observe`, or the userspace loop's emulators') stays within its bound and together within the pod's budget.
 fn queue_bound_under_flood(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
     let link = Link::new("queue", 3)?;
     let budget = QueueBudget::new(PER_DESTINATION, PER_POD)?;
@@ -63,23 +67,26 @@ fn queue_bound_under_flood(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
         "the explicit queueLimits are not reported as cut to {packets} packets: {caps:?}"
     );
 
-    let dp = ctx.runtime.block_on(Datapath::open(link.a.fd())).context("opening the datapath in netns a")?;
-    let report = ctx.runtime.block_on(dp.reconcile(SOURCE_IF, &desired)).context("reconcile")?;
-    ctx.log(format!("reconcile: {report:?}"));
-    // (iproute2 6.1 prints netem's delay from the legacy ticks field, which saturates at 275 s.)
-    let qdiscs = link.tc_show("qdisc")?;
-    ensure!(
-        qdiscs.matches("qdisc netem").count() == 2 && qdiscs.matches(&format!("limit {packets} delay")).count() == 2,
-        "tc does not show both netems with limit {packets}:\n{qdiscs}"
-    );
+    let dp = Emulation::open(ctx, &link, ctx.via)?;
+    let report = dp.reconcile(ctx, &desired).context("reconcile")?;
+    ctx.log(format!("{:?} reconcile: {report:?}", ctx.via));
+    if ctx.via == Via::Tc {
+        // (iproute2 6.1 prints netem's delay from the legacy ticks field, which saturates at 275 s.)
+        let qdiscs = link.tc_show("qdisc")?;
+        ensure!(
+            qdiscs.matches("qdisc netem").count() == 2
+                && qdiscs.matches(&format!("limit {packets} delay")).count() == 2,
+            "tc does not show both netems with limit {packets}:\n{qdiscs}"
+        );
+    }
 
     let started = Instant::now();
     let payload = 1400;
     let sent = flood(&link, &link.destinations, 9000, payload, FLOOD_FOR, FLOOD_MAX_PACKETS)?;
     let took = started.elapsed();
-    let observed = ctx.runtime.block_on(dp.observe(SOURCE_IF))?.context("observe() sees no isthmus tree")?;
-    ctx.log(format!("flooded {sent} datagrams of {payload} bytes in {took:?}; observe(): {observed:?}"));
-    ctx.log(format!("tc -s qdisc show:\n{}", link.tc_show("qdisc")?));
+    let observed = dp.counters(ctx)?;
+    ctx.log(format!("flooded {sent} datagrams of {payload} bytes in {took:?}; counters: {observed:?}"));
+    ctx.log(format!("installed:\n{}", dp.show(&link)?));
     ctx.record("flood_packets", sent);
     ctx.record("bound_packets", packets);
     ctx.summarize(format!("{sent} datagrams in {:.1} s", took.as_secs_f64()));
@@ -103,6 +110,15 @@ fn queue_bound_under_flood(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
             c.backlog_bytes,
             bound.bytes()
         );
+        // Each datagram is queued, dropped or sent once: counted by every qdisc that passed a drop up, it
+        // would exceed what was sent (as it did when the tc datapath summed netem's, TBF's and HTB's drops).
+        let sent_here = sent.div_ceil(destinations.len() as u64);
+        ensure!(
+            c.drops + c.backlog_packets <= sent_here,
+            "{destination}: {} drops and {} queued, of {sent_here} datagrams sent to it: a drop counted twice?",
+            c.drops,
+            c.backlog_packets
+        );
         // Full to within one frame (TBF may be sending one): the flood reached the bound and was cut there.
         let full = bound.bytes().min(u64::from(packets) * frame);
         ensure!(
@@ -115,6 +131,6 @@ fn queue_bound_under_flood(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
     }
     ctx.record("backlog_bytes_total", total);
     ensure!(total <= PER_POD, "the pod's queues hold {total} bytes, beyond its budget of {PER_POD}");
-    ctx.runtime.block_on(dp.reconcile(SOURCE_IF, &DesiredState::empty()))?;
+    dp.reconcile(ctx, &DesiredState::empty())?;
     Ok(Outcome::Pass)
 }

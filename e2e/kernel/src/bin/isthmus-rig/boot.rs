@@ -157,40 +157,41 @@ impl Boot<'_> {
             let out = File::create(&console)?;
             cmd.stdin(Stdio::null()).stdout(out.try_clone()?).stderr(out).process_group(0);
         }
-        let load = host_load();
-        let start = Instant::now();
-        let mut child = cmd.spawn().with_context(|| format!("starting {:?}", cmd.get_program()))?;
-        let group = Pid::from_raw(-(child.id() as i32));
-        let mut vm_rc = None;
-        while vm_rc.is_none() {
-            if let Some(status) = child.try_wait()? {
-                vm_rc = Some(status.code().unwrap_or(128 + 9));
-            } else if start.elapsed() > self.timeout || interrupted() {
-                // as timeout(1) reports it: 124 after a TERM, 137 when it took a KILL
-                let _ = kill(group, Signal::SIGTERM);
-                let grace = Instant::now();
-                while child.try_wait()?.is_none() && grace.elapsed() < Duration::from_secs(5) {
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-                let killed = child.try_wait()?.is_none();
-                let _ = kill(group, Signal::SIGKILL);
-                let _ = child.wait();
-                vm_rc = Some(if killed { 137 } else { 124 });
-            } else {
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        }
-        // UML's helpers may outlive its main process for a moment
-        let _ = kill(group, Signal::SIGKILL);
-        let status = VmStatus {
-            kernel: label,
-            backend: self.backend().into(),
-            host_load: format!("{load}..{}", host_load()),
-            vm_rc: vm_rc.unwrap_or_default(),
-            wall_s: start.elapsed().as_secs_f64(),
-        };
+        let (vm_rc, wall_s, host_load) = supervise(&mut cmd, self.timeout)?;
+        let status = VmStatus { kernel: label, backend: self.backend().into(), host_load, vm_rc, wall_s };
         Ok((status, console))
     }
+}
+
+/// Runs `cmd` in its own process group (set by the caller) for at most `timeout`; the whole group is killed at
+/// the end, on timeout or when the rig is interrupted. Returns the exit status (124/137 as timeout(1) reports a
+/// TERM or a KILL), the wall time and the host's load before..after.
+pub fn supervise(cmd: &mut Command, timeout: Duration) -> anyhow::Result<(i32, f64, String)> {
+    let load = host_load();
+    let start = Instant::now();
+    let mut child = cmd.spawn().with_context(|| format!("starting {:?}", cmd.get_program()))?;
+    let group = Pid::from_raw(-(child.id() as i32));
+    let mut rc = None;
+    while rc.is_none() {
+        if let Some(status) = child.try_wait()? {
+            rc = Some(status.code().unwrap_or(128 + 9));
+        } else if start.elapsed() > timeout || interrupted() {
+            let _ = kill(group, Signal::SIGTERM);
+            let grace = Instant::now();
+            while child.try_wait()?.is_none() && grace.elapsed() < Duration::from_secs(5) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let killed = child.try_wait()?.is_none();
+            let _ = kill(group, Signal::SIGKILL);
+            let _ = child.wait();
+            rc = Some(if killed { 137 } else { 124 });
+        } else {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    // UML's helpers may outlive its main process for a moment
+    let _ = kill(group, Signal::SIGKILL);
+    Ok((rc.unwrap_or_default(), start.elapsed().as_secs_f64(), format!("{load}..{}", host_load())))
 }
 
 fn is_tmpfs(path: &str) -> bool {

@@ -3,7 +3,7 @@
 //! from the consoles, gives failed tests one fresh boot, and writes the report.
 //!
 //! ```text
-//! isthmus-rig [all] [--kernel bookworm|sid]... [--test NAME[,NAME…]] [--parallel] [--rerun-failed] [--refresh]
+//! isthmus-rig [all] [--kernel bookworm|sid|host]... [--test NAME[,NAME…]] [--parallel] [--rerun-failed] [--refresh]
 //! isthmus-rig fetch [--refresh]     host tools + resolved packages + prepared kernels (cached)
 //! isthmus-rig build                 the static test binary
 //! isthmus-rig run [opts]            boot the cached kernels with the binary built last, and report
@@ -13,6 +13,8 @@
 //! isthmus-rig entry KERNEL          the prepared kernel's cache directory (fetched if needed), for the e2e
 //!                                   cluster's nodes: `vmlinux` or `linux.uml`, `lib/modules/<release>`, `release`
 //! ```
+//! `host` is this machine's own kernel, where the userspace datapath's tests run natively (src/bin/isthmus-rig/
+//! host.rs); without `--kernel` all three run.
 //! Environment: `CACHE` (default ~/.cache/isthmus), `CARGO_TARGET_DIR` (reports go to
 //! `$CARGO_TARGET_DIR/kernel-tests/`), `ISTHMUS_VM_TIMEOUT` (seconds per VM, default 300).
 //! Exit status: 0 when every expected test passed (or was skipped) on every kernel, 1 otherwise, 2 for usage.
@@ -20,6 +22,7 @@
 mod apt;
 mod boot;
 mod build;
+mod host;
 mod kernels;
 
 use std::path::{Path, PathBuf};
@@ -28,6 +31,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use isthmus_kernel_tests::rig::packages::Index;
+use isthmus_kernel_tests::rig::parity;
 use isthmus_kernel_tests::rig::report::{KernelReport, junit, summary_json};
 use isthmus_kernel_tests::rig::rules::{Choice, Kernel, ResolveError, choose};
 
@@ -41,6 +45,8 @@ pub fn say(what: &str) {
 
 struct Options {
     kernels: Vec<Kernel>,
+    /// The userspace datapath's tests natively on this machine's kernel too.
+    host: bool,
     tests: Option<String>,
     parallel: bool,
     rerun_failed: bool,
@@ -124,13 +130,20 @@ fn real_main() -> anyhow::Result<ExitCode> {
 }
 
 fn parse_options(args: &[String]) -> anyhow::Result<Options> {
-    let mut o = Options { kernels: Vec::new(), tests: None, parallel: false, rerun_failed: false, refresh: false };
+    let mut o =
+        Options { kernels: Vec::new(), host: false, tests: None, parallel: false, rerun_failed: false, refresh: false };
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "--kernel" => {
                 let k = it.next().context("--kernel needs a value")?;
-                o.kernels.push(Kernel::parse(k).with_context(|| format!("unknown kernel {k} (bookworm or sid)"))?);
+                if k == "host" {
+                    o.host = true;
+                } else {
+                    let kernel =
+                        Kernel::parse(k).with_context(|| format!("unknown kernel {k} (bookworm, sid or host)"))?;
+                    o.kernels.push(kernel);
+                }
             }
             "--test" => o.tests = Some(it.next().context("--test needs a value")?.clone()),
             "--parallel" => o.parallel = true,
@@ -139,8 +152,9 @@ fn parse_options(args: &[String]) -> anyhow::Result<Options> {
             other => bail!("unknown argument {other} (see the usage at the top of src/bin/isthmus-rig/main.rs)"),
         }
     }
-    if o.kernels.is_empty() {
+    if o.kernels.is_empty() && !o.host {
         o.kernels = Kernel::ALL.to_vec();
+        o.host = true;
     }
     Ok(o)
 }
@@ -236,7 +250,28 @@ impl Rig {
                 report.merge_rerun(again.into_iter().next().expect("one kernel"));
             }
         }
+        let host_tests = if o.host { host::tests(&expected) } else { Vec::new() };
+        if !host_tests.is_empty() {
+            reports.push(self.run_host(&bin, &host_tests, run_dir.path(), o.rerun_failed)?);
+        }
         self.write_reports(&reports, run_dir.path())
+    }
+
+    /// The userspace datapath's tests on this machine's kernel; failed ones once more when asked, as a guest's.
+    fn run_host(&self, bin: &Path, tests: &[String], run_dir: &Path, rerun: bool) -> anyhow::Result<KernelReport> {
+        let once = |tests: &[String]| -> anyhow::Result<KernelReport> {
+            say(&format!("running {} tests natively on this machine's kernel", tests.len()));
+            let (status, console) = host::run(bin, tests, run_dir, self.timeout)?;
+            let text = std::fs::read_to_string(&console)?;
+            Ok(KernelReport::from_console(tests, status, Vec::new(), &console.display().to_string(), &text))
+        };
+        let mut report = once(tests)?;
+        if rerun && report.retriable() {
+            let failed: Vec<String> = report.failed().iter().map(|s| s.to_string()).collect();
+            let again = once(&failed)?;
+            report.merge_rerun(again);
+        }
+        Ok(report)
     }
 
     fn boot_all(
@@ -286,7 +321,11 @@ impl Rig {
         let mut reports = reports.to_vec();
         for r in &mut reports {
             // the consoles move from the run directory (removed on exit) into the report
-            for (from, to) in [("bookworm.console", "bookworm.console"), ("sid.console", "sid.console")] {
+            for (from, to) in [
+                ("bookworm.console", "bookworm.console"),
+                ("sid.console", "sid.console"),
+                ("host.console", "host.console"),
+            ] {
                 if r.console.ends_with(from) {
                     std::fs::copy(run_dir.join(from), out.join(to))?;
                     r.console = out.join(to).display().to_string();
@@ -294,6 +333,7 @@ impl Rig {
             }
             print!("{}", r.render());
         }
+        print!("{}", parity::render(&reports));
         std::fs::write(out.join("summary.json"), summary_json(&reports))?;
         std::fs::write(out.join("junit.xml"), junit(&reports))?;
         let latest = root.join("latest");

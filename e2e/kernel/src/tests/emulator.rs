@@ -1,0 +1,98 @@
+//! The datapath a test drives, either of the agent's two: the tc tree (`isthmus_agent::datapath`, netem under
+//! HTB) or the userspace datapath (`isthmus_agent::userspace`, a capture and the agent's loop). The fidelity
+//! tests run once through each with the same traffic and the same tolerances, which is the parity table of
+//! e2e/kernel/README.md.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use ipnet::IpNet;
+use isthmus_agent::datapath::{Datapath, DesiredState, QueueBudget};
+use isthmus_agent::netns::Netns as AgentNetns;
+use isthmus_agent::userspace::capture::POD_END;
+use isthmus_agent::userspace::{PodEmulation, Userspace};
+use isthmus_agent_api::Counters;
+
+use crate::harness::{Ctx, Via};
+use crate::netns::{Link, SOURCE_IF};
+
+/// What one reconcile did, in terms both datapaths share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Changes {
+    /// Requests that changed something (netlink mutations, or the capture's pipeline and routes): 0 when the
+    /// datapath already matched.
+    pub made: usize,
+    /// The tc tree's objects deleted and added (0 for the userspace datapath, which changes a destination by
+    /// handing its loop a new pipeline on the same capture).
+    pub replaced: usize,
+}
+
+pub enum Emulation {
+    Tc(Datapath),
+    Userspace {
+        pod: PodEmulation,
+        /// The loop and the agent's namespace; dropped after `pod`.
+        _userspace: Arc<Userspace>,
+    },
+}
+
+impl Emulation {
+    /// The datapath of `via`, on namespace `a` of `link`, empty.
+    pub fn open(ctx: &Ctx, link: &Link, via: Via) -> anyhow::Result<Emulation> {
+        Ok(match via {
+            Via::Tc => Emulation::Tc(ctx.runtime.block_on(Datapath::open(link.a.fd())).context("opening tc")?),
+            Via::Userspace => {
+                let userspace = ctx.runtime.block_on(Userspace::start()).context("starting the userspace loop")?;
+                let pod_ns = AgentNetns::open(format!("/run/netns/{}", link.a.name).as_ref())?;
+                Emulation::Userspace { pod: userspace.open(Arc::new(pod_ns)), _userspace: userspace }
+            }
+        })
+    }
+
+    pub fn reconcile(&self, ctx: &Ctx, desired: &DesiredState) -> anyhow::Result<Changes> {
+        Ok(match self {
+            Emulation::Tc(dp) => {
+                let r = ctx.runtime.block_on(dp.reconcile(SOURCE_IF, desired))?;
+                Changes { made: r.mutations, replaced: r.added + r.deleted }
+            }
+            Emulation::Userspace { pod, .. } => {
+                Changes { made: ctx.runtime.block_on(pod.reconcile(SOURCE_IF, desired, false))?, replaced: 0 }
+            }
+        })
+    }
+
+    /// Each destination's counters as the datapath keeps them (the kernel's for tc, the loop's emulators').
+    pub fn counters(&self, ctx: &Ctx) -> anyhow::Result<Vec<(IpNet, Counters)>> {
+        Ok(match self {
+            Emulation::Tc(dp) => ctx.runtime.block_on(dp.observe(SOURCE_IF))?.unwrap_or_default(),
+            Emulation::Userspace { pod, .. } => pod.counters(),
+        })
+    }
+
+    /// What is installed, read back (tc's tree; the capture is write-only state the datapath keeps in memory).
+    pub fn installed(&self, ctx: &Ctx) -> anyhow::Result<Option<DesiredState>> {
+        match self {
+            Emulation::Tc(dp) => Ok(ctx.runtime.block_on(dp.installed(SOURCE_IF, QueueBudget::DEFAULT))?),
+            Emulation::Userspace { .. } => Ok(None),
+        }
+    }
+
+    /// The kernel's own account of what is installed, from iproute2 in the guest: the qdiscs, or the capture's
+    /// interface and routes.
+    pub fn show(&self, link: &Link) -> anyhow::Result<String> {
+        match self {
+            Emulation::Tc(_) => link.tc_show("qdisc"),
+            Emulation::Userspace { .. } => {
+                Ok(format!("{}{}", link.a.ip(&["-o", "link", "show"])?, link.a.ip(&["route", "show"])?))
+            }
+        }
+    }
+
+    /// Whether `show` holds any of the datapath's state.
+    pub fn shows_state(&self, shown: &str) -> bool {
+        match self {
+            Emulation::Tc(_) => shown.contains("htb") || shown.contains("netem"),
+            Emulation::Userspace { .. } => shown.contains(POD_END),
+        }
+    }
+}
