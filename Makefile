@@ -19,10 +19,13 @@ unit: ## cargo tests of every crate, then the agent's root-only netlink tests (i
 	cargo test -p isthmus-agent --lib --locked -- --ignored
 
 # ---- stock-kernel rig (e2e/kernel/README.md): netem & co. on Debian bookworm 6.1 (QEMU TCG) and sid 7.x (UML)
-.PHONY: kernel-test kernel-test-one kernel-fetch
+.PHONY: kernel-test kernel-bench kernel-test-one kernel-fetch
 
 kernel-test: ## datapath tests inside stock kernels (Debian packages resolved by rule, cached in $(CACHE)/kernel); a measurement is taken up to 3 times, every retry in the report
 	CACHE=$(CACHE) e2e/kernel/rig all
+
+kernel-bench: ## the datapaths' benchmark side by side (tc tree and userspace) in both stock kernels and, userspace only, on this machine's kernel: medians of 3 runs each (docs/benchmarks.md)
+	CACHE=$(CACHE) e2e/kernel/rig bench
 
 kernel-test-one: ## one test (or a comma list / substring) in the rig: make kernel-test-one TEST=delay [KERNEL=sid|bookworm|host]
 	@test -n "$(TEST)" || { echo "usage: make kernel-test-one TEST=name[,name] [KERNEL=bookworm|sid|host]"; e2e/kernel/rig list; exit 2; }

@@ -8,6 +8,7 @@
 //! ```text
 //! isthmus-kernel-tests [--test NAME[,NAME…]] [--kernel LABEL] [--backend qemu-tcg|uml|native]
 //! isthmus-kernel-tests --list [--test …]      the selected test names, one a line
+//! isthmus-kernel-tests --bench [--list] …      the datapaths' benchmark instead of the tests (src/tests/bench.rs)
 //! ```
 //! Exit status: 0 when no test failed, 1 when one did, 2 for bad arguments.
 
@@ -23,18 +24,20 @@ use harness::{Backend, RunConfig};
 
 struct Args {
     list: bool,
+    bench: bool,
     filter: Option<String>,
     kernel: Option<String>,
     backend: Backend,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
-    let mut args = Args { list: false, filter: None, kernel: None, backend: Backend::Native };
+    let mut args = Args { list: false, bench: false, filter: None, kernel: None, backend: Backend::Native };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         let mut value = |flag: &str| it.next().ok_or_else(|| anyhow::anyhow!("{flag} needs a value"));
         match arg.as_str() {
             "--list" => args.list = true,
+            "--bench" => args.bench = true,
             "--test" => args.filter = Some(value("--test")?),
             "--kernel" => args.kernel = Some(value("--kernel")?),
             "--backend" => args.backend = Backend::parse(&value("--backend")?)?,
@@ -56,7 +59,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let all = tests::all();
+    let all = if args.bench { tests::benches() } else { tests::all() };
     let selected = match harness::select(&all, args.filter.as_deref()) {
         Ok(s) => s,
         Err(e) => {

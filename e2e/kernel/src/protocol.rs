@@ -15,6 +15,20 @@ pub const EXIT_PREFIX: &str = "ISTHMUS-EXIT ";
 /// the tc tree.
 pub const USERSPACE_SUFFIX: &str = ".userspace";
 
+/// The benchmark's quantities (`--bench`, src/tests/bench.rs), in its table's order: the measurement key of each
+/// one's median (its runs are under `<key>.runs`), and what it is.
+pub const BENCH_QUANTITIES: [(&str, &str); 9] = [
+    ("added_us", "one-way delay added, 0 ms configured, p50 (µs)"),
+    ("error_p50_us", "error at 20 ms, p50 (µs)"),
+    ("error_p99_us", "error at 20 ms, p99 (µs)"),
+    ("tcp_1g_0ms_mbps", "one TCP flow, 1 Gbit/s at 0 ms (Mbit/s)"),
+    ("tcp_1g_50ms_mbps", "one TCP flow, 1 Gbit/s at 50 ms (Mbit/s)"),
+    ("tcp_ceiling_mbps", "one TCP flow, 0 ms and no rate (Mbit/s)"),
+    ("tcp_free_mbps", "one TCP flow, not impaired (Mbit/s)"),
+    ("cpu_per_gbit", "kernel-wide CPU per Gbit/s, 1 Gbit/s 0 ms flow (cores)"),
+    ("cpu_per_gbit_free", "kernel-wide CPU per Gbit/s, not impaired (cores)"),
+];
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Verdict {

@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 
 use super::report::KernelReport;
-use crate::protocol::{TestRecord, USERSPACE_SUFFIX};
+use crate::protocol::{BENCH_QUANTITIES, TestRecord, USERSPACE_SUFFIX, Verdict};
 
 /// The longest part of a summary shown in a cell: the figures that decided the verdict come first.
 const CELL: usize = 58;
@@ -62,6 +62,43 @@ pub fn render(kernels: &[KernelReport]) -> String {
     out
 }
 
+/// The benchmark's table: one row per quantity, one column per kernel and datapath that ran it, each cell the
+/// median of the runs (`failed` where the run could not measure).
+pub fn render_bench(kernels: &[KernelReport]) -> String {
+    let mut columns: Vec<(String, &TestRecord)> = Vec::new();
+    for k in kernels {
+        for r in &k.results {
+            let datapath = if r.record.test.ends_with(USERSPACE_SUFFIX) { "userspace" } else { "tc" };
+            let short = k.kernel.split('-').next().unwrap_or(&k.kernel);
+            columns.push((format!("{short} {datapath}"), &r.record));
+        }
+    }
+    if columns.is_empty() {
+        return String::new();
+    }
+    let width = BENCH_QUANTITIES.iter().map(|(_, what)| what.chars().count()).max().unwrap_or(8);
+    let mut out = String::from("\n== benchmark: medians per kernel and datapath\n");
+    let _ = write!(out, "  {:<width$}", "quantity");
+    for (name, _) in &columns {
+        let _ = write!(out, "  {name:>18}");
+    }
+    out.push('\n');
+    for (key, what) in BENCH_QUANTITIES {
+        let _ = write!(out, "  {what:<width$}", width = width);
+        for (_, record) in &columns {
+            let value = record.measurements.get(key).and_then(serde_json::Value::as_f64);
+            let cell = match (record.verdict, value) {
+                (Verdict::Pass, Some(v)) if v.abs() < 10.0 => format!("{v:.2}"),
+                (Verdict::Pass, Some(v)) => format!("{v:.0}"),
+                _ => "failed".to_owned(),
+            };
+            let _ = write!(out, "  {cell:>18}");
+        }
+        out.push('\n');
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -103,6 +140,20 @@ mod tests {
         assert!(rows[1].contains("host") && rows[1].contains(" - ") && rows[1].ends_with("pass p50 20.0"));
         assert!(!table.contains("jitter") && !table.contains("probe_capabilities"), "{table}");
         assert_eq!(render(&[kernel("sid", &[("delay", "pass", "x")])]), "");
+    }
+
+    #[test]
+    fn the_benchmark_table_has_a_column_per_kernel_and_datapath() {
+        let mut sid = kernel("sid-uml-7.2", &[("bench", "pass", "x"), ("bench.userspace", "fail", "y")]);
+        sid.results[0].record.measurements.insert("added_us".into(), serde_json::json!(41.6));
+        sid.results[0].record.measurements.insert("cpu_per_gbit".into(), serde_json::json!(0.934));
+        let table = render_bench(&[sid]);
+        assert!(table.contains("sid tc") && table.contains("sid userspace"), "{table}");
+        let added = table.lines().find(|l| l.contains("one-way delay added")).unwrap();
+        assert!(added.trim_end().ends_with("42              failed"), "{table}");
+        let cpu = table.lines().find(|l| l.contains("1 Gbit/s 0 ms flow")).unwrap();
+        assert!(cpu.contains(" 0.93 "), "{table}");
+        assert_eq!(render_bench(&[]), "");
     }
 
     #[test]

@@ -60,7 +60,7 @@ fn chance(v: f64) -> Correlated {
     Correlated { percent: pct(v), correlation: Percent::ZERO }
 }
 
-fn desired(destinations: &[(Ipv4Addr, ImpairmentFields)]) -> anyhow::Result<DesiredState> {
+pub(super) fn desired(destinations: &[(Ipv4Addr, ImpairmentFields)]) -> anyhow::Result<DesiredState> {
     let checked = destinations.iter().map(|(d, i)| Ok((host(*d), Impairment::try_from(i.clone())?)));
     Ok(DesiredState::new(checked.collect::<anyhow::Result<Vec<_>>>()?)?)
 }

@@ -1,6 +1,8 @@
 //! The registry. Order matters only for reading the output: cheap kernel checks first.
 
 #[cfg(feature = "datapath")]
+mod bench;
+#[cfg(feature = "datapath")]
 mod datapath;
 #[cfg(feature = "datapath")]
 mod emulator;
@@ -19,4 +21,12 @@ pub fn all() -> Vec<Test> {
     #[cfg(feature = "datapath")]
     tests.extend(queue_bound::tests());
     tests
+}
+
+/// The benchmark (`--bench`), apart from the tests: it measures and judges nothing.
+pub fn benches() -> Vec<Test> {
+    #[cfg(feature = "datapath")]
+    return bench::benches();
+    #[cfg(not(feature = "datapath"))]
+    Vec::new()
 }

@@ -29,7 +29,7 @@ done
 /usr/sbin/ip link set lo up
 if [ -n "$ISTHMUS_SHELL" ]; then setsid cttyhack sh; rc=0
 else
-  /isthmus-kernel-tests --kernel "$ISTHMUS_KERNEL" --backend "$ISTHMUS_BACKEND" ${ISTHMUS_TESTS:+--test "$ISTHMUS_TESTS"}
+  /isthmus-kernel-tests --kernel "$ISTHMUS_KERNEL" --backend "$ISTHMUS_BACKEND" ${ISTHMUS_TESTS:+--test "$ISTHMUS_TESTS"} ${ISTHMUS_BENCH:+--bench}
   rc=$?
 fi
 echo "ISTHMUS-EXIT $rc"
@@ -63,6 +63,8 @@ pub struct Boot<'a> {
     pub test_binary: Option<&'a Path>,
     /// `--test` for the guest binary.
     pub tests: Option<&'a str>,
+    /// The benchmark instead of the tests.
+    pub bench: bool,
     pub run_dir: &'a Path,
     pub timeout: Duration,
     /// An interactive shell on this terminal instead of the tests.
@@ -103,6 +105,7 @@ impl Boot<'_> {
     fn guest_env(&self, label: &str) -> Vec<String> {
         let mut env = vec![format!("ISTHMUS_KERNEL={label}"), format!("ISTHMUS_BACKEND={}", self.backend())];
         env.extend(self.tests.map(|t| format!("ISTHMUS_TESTS={t}")));
+        env.extend(self.bench.then(|| "ISTHMUS_BENCH=1".to_owned()));
         env.extend(self.shell.then(|| "ISTHMUS_SHELL=1".to_owned()));
         env
     }

@@ -34,10 +34,14 @@ pub fn static_test_binary(target: &Path) -> anyhow::Result<PathBuf> {
     Ok(bin)
 }
 
-/// The tests the binary would run for this selection, one name each: what every kernel must report.
-pub fn list(bin: &Path, tests: Option<&str>) -> anyhow::Result<Vec<String>> {
+/// The tests (or with `bench`, the benchmarks) the binary would run for this selection, one name each: what every
+/// kernel must report.
+pub fn list(bin: &Path, tests: Option<&str>, bench: bool) -> anyhow::Result<Vec<String>> {
     let mut c = Command::new(bin);
     c.arg("--list");
+    if bench {
+        c.arg("--bench");
+    }
     if let Some(t) = tests {
         c.args(["--test", t]);
     }

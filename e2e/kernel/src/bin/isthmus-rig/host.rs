@@ -21,13 +21,20 @@ pub fn tests(expected: &[String]) -> Vec<String> {
 }
 
 /// Runs `tests` natively; returns the status and the output file (read as a console).
-pub fn run(bin: &Path, tests: &[String], run_dir: &Path, timeout: Duration) -> anyhow::Result<(VmStatus, PathBuf)> {
+pub fn run(
+    bin: &Path,
+    tests: &[String],
+    bench: bool,
+    run_dir: &Path,
+    timeout: Duration,
+) -> anyhow::Result<(VmStatus, PathBuf)> {
     let release = nix::sys::utsname::uname()?.release().to_string_lossy().into_owned();
     let label = format!("host-{release}");
     let console = run_dir.join("host.console");
     let out = File::create(&console)?;
     let mut cmd = Command::new(bin);
     cmd.args(["--kernel", &label, "--backend", "native", "--test", &tests.join(",")])
+        .args(bench.then_some("--bench"))
         .stdin(Stdio::null())
         .stdout(out.try_clone()?)
         .stderr(out)

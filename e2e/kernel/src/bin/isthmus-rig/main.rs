@@ -4,6 +4,7 @@
 //!
 //! ```text
 //! isthmus-rig [all] [--kernel bookworm|sid|host]... [--test NAME[,NAME…]] [--parallel] [--rerun-failed] [--refresh]
+//! isthmus-rig bench [--kernel …]… the datapaths' benchmark side by side in each kernel (src/tests/bench.rs)
 //! isthmus-rig fetch [--refresh]     host tools + resolved packages + prepared kernels (cached)
 //! isthmus-rig build                 the static test binary
 //! isthmus-rig run [opts]            boot the cached kernels with the binary built last, and report
@@ -61,6 +62,8 @@ struct Rig {
     apt: PrivateApt,
     /// Read at most once per run, and only when a rule needs the archive.
     index: Option<Result<Index, String>>,
+    /// The benchmark instead of the tests (`rig bench`).
+    bench: bool,
 }
 
 fn main() -> ExitCode {
@@ -77,14 +80,17 @@ fn main() -> ExitCode {
 fn real_main() -> anyhow::Result<ExitCode> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (command, rest) = match args.first().map(String::as_str) {
-        Some(c @ ("all" | "fetch" | "build" | "run" | "list" | "shell" | "resolve" | "entry")) => (c, &args[1..]),
+        Some(c @ ("all" | "bench" | "fetch" | "build" | "run" | "list" | "shell" | "resolve" | "entry")) => {
+            (c, &args[1..])
+        }
         Some(a) if !a.starts_with("--") => {
-            eprintln!("rig: unknown command {a} (all, fetch, build, run, list, shell, resolve, entry)");
+            eprintln!("rig: unknown command {a} (all, bench, fetch, build, run, list, shell, resolve, entry)");
             return Ok(ExitCode::from(2));
         }
         _ => ("all", &args[..]),
     };
     let mut rig = Rig::from_env()?;
+    rig.bench = command == "bench";
     if command == "entry" {
         let kernel = rest.first().and_then(|k| Kernel::parse(k)).context("usage: rig entry bookworm|sid")?;
         apt::ensure_host_tools(&rig.cache)?;
@@ -117,7 +123,7 @@ fn real_main() -> anyhow::Result<ExitCode> {
         "build" => build::static_test_binary(&rig.target).map(|_| ExitCode::SUCCESS),
         "list" => {
             let bin = build::static_test_binary(&rig.target)?;
-            print!("{}", build::list(&bin, None)?.join("\n") + "\n");
+            print!("{}", build::list(&bin, None, false)?.join("\n") + "\n");
             Ok(ExitCode::SUCCESS)
         }
         "resolve" => rig.resolve(),
@@ -171,7 +177,7 @@ impl Rig {
             Err(_) => Duration::from_secs(300),
         };
         std::fs::create_dir_all(&cache)?;
-        Ok(Rig { apt: PrivateApt::new(&cache), cache, target, timeout, index: None })
+        Ok(Rig { apt: PrivateApt::new(&cache), cache, target, timeout, index: None, bench: false })
     }
 
     /// The prepared entry a kernel boots: from the cache, or resolved from the archive and prepared.
@@ -232,7 +238,7 @@ impl Rig {
             .map(|&k| (k, self.entry(k, online, o.refresh).map_err(|e| format!("packages: {e:#}"))))
             .collect();
         let bin = if online { build::static_test_binary(&self.target)? } else { build::built_binary(&self.target)? };
-        let expected = build::list(&bin, o.tests.as_deref())?;
+        let expected = build::list(&bin, o.tests.as_deref(), self.bench)?;
         let run_dir = TempDir::new(&self.cache, "run")?;
         let mut reports = self.boot_all(&entries, &bin, o.tests.as_deref(), &expected, run_dir.path(), o.parallel)?;
         if o.rerun_failed {
@@ -261,7 +267,7 @@ impl Rig {
     fn run_host(&self, bin: &Path, tests: &[String], run_dir: &Path, rerun: bool) -> anyhow::Result<KernelReport> {
         let once = |tests: &[String]| -> anyhow::Result<KernelReport> {
             say(&format!("running {} tests natively on this machine's kernel", tests.len()));
-            let (status, console) = host::run(bin, tests, run_dir, self.timeout)?;
+            let (status, console) = host::run(bin, tests, self.bench, run_dir, self.timeout)?;
             let text = std::fs::read_to_string(&console)?;
             Ok(KernelReport::from_console(tests, status, Vec::new(), &console.display().to_string(), &text))
         };
@@ -284,7 +290,16 @@ impl Rig {
         parallel: bool,
     ) -> anyhow::Result<Vec<KernelReport>> {
         let boot = |kernel: Kernel, entry: &Prepared| -> anyhow::Result<KernelReport> {
-            let b = Boot { kernel, entry, test_binary: Some(bin), tests, run_dir, timeout: self.timeout, shell: false };
+            let b = Boot {
+                kernel,
+                entry,
+                test_binary: Some(bin),
+                tests,
+                bench: self.bench,
+                run_dir,
+                timeout: self.timeout,
+                shell: false,
+            };
             let (status, console) = b.run()?;
             let text = String::from_utf8_lossy(&std::fs::read(&console)?).into_owned();
             Ok(KernelReport::from_console(
@@ -333,7 +348,7 @@ impl Rig {
             }
             print!("{}", r.render());
         }
-        print!("{}", parity::render(&reports));
+        print!("{}", if self.bench { parity::render_bench(&reports) } else { parity::render(&reports) });
         std::fs::write(out.join("summary.json"), summary_json(&reports))?;
         std::fs::write(out.join("junit.xml"), junit(&reports))?;
         let latest = root.join("latest");
@@ -354,6 +369,7 @@ impl Rig {
             entry: &entry,
             test_binary: None,
             tests: None,
+            bench: false,
             run_dir: run_dir.path(),
             timeout: Duration::from_secs(24 * 3600),
             shell: true,
