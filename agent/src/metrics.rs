@@ -151,6 +151,32 @@ impl EncodeLabelValue for GateOutcome {
     }
 }
 
+/// Why the userspace datapath's loop lost packets outside every destination's emulator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LoopLoss {
+    /// The kernel dropped them from a capture's socket: the loop fell behind.
+    CaptureOverrun,
+    /// The raw socket refused to send them on.
+    SendError,
+    /// Captured frames that were not IP packets.
+    Malformed,
+}
+
+impl EncodeLabelValue for LoopLoss {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> std::fmt::Result {
+        encoder.write_str(match self {
+            LoopLoss::CaptureOverrun => "capture_overrun",
+            LoopLoss::SendError => "send_error",
+            LoopLoss::Malformed => "malformed",
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct LoopLossLabels {
+    pub reason: LoopLoss,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct GateLabels {
     pub listener: ListenerKind,
@@ -178,6 +204,9 @@ pub struct Metrics {
     pub forbidden_requests: Counter,
     pub gate: Family<GateLabels, Counter>,
     pub scrape_observes: Counter,
+    /// The userspace loop's losses outside the emulators; brought up to the loop's totals under the lock, so
+    /// that two observers never add one difference twice.
+    loop_losses: std::sync::Mutex<Family<LoopLossLabels, Counter>>,
 }
 
 impl Default for Metrics {
@@ -281,7 +310,16 @@ impl Metrics {
             "Reads of every pod's counters made for a scrape (concurrent and repeated scrapes share one)",
             scrape_observes.clone(),
         );
+        let loop_losses = Family::<LoopLossLabels, Counter>::default();
+        registry.register(
+            "isthmus_agent_userspace_lost",
+            "Packets the userspace datapath's loop lost outside every destination's emulator (so in no link's \
+             drops): capture_overrun (the kernel dropped them from a capture's socket, the loop fell behind), \
+             send_error, malformed",
+            loop_losses.clone(),
+        );
         Self {
+            loop_losses: std::sync::Mutex::new(loop_losses),
             registry,
             links,
             apply_duration_seconds,
@@ -305,6 +343,19 @@ impl Metrics {
 
     pub fn set_link_counters(&self, snapshot: Vec<LinkSample>) {
         *self.links.snapshot.lock().unwrap_or_else(|p| p.into_inner()) = snapshot;
+    }
+
+    /// Brings the loop's loss counters up to its totals (they only grow while the agent runs).
+    pub fn set_loop_losses(&self, totals: &crate::userspace::ShellCounters) {
+        let family = self.loop_losses.lock().unwrap_or_else(|p| p.into_inner());
+        for (reason, total) in [
+            (LoopLoss::CaptureOverrun, totals.capture_overruns),
+            (LoopLoss::SendError, totals.send_errors),
+            (LoopLoss::Malformed, totals.malformed),
+        ] {
+            let counter = family.get_or_create(&LoopLossLabels { reason });
+            counter.inc_by(total.saturating_sub(counter.get()));
+        }
     }
 
     pub fn count_pod_error(&self, kind: PodErrorKind) {

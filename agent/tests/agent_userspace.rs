@@ -71,6 +71,11 @@ async fn userspace_datapath_emulates_fails_open_on_kill9_and_comes_back() {
     let metrics = certs.metrics(agent.api);
     let sent = metrics.lines().find(|l| l.starts_with("isthmus_link_packets") && l.contains("link_name=\"wan\""));
     assert!(sent.is_some_and(|l| !l.ends_with(" 0")), "the link's packet counter from the emulator: {metrics}");
+    // 100 probes 10 ms apart: the loop kept up, and says so.
+    for reason in ["capture_overrun", "send_error", "malformed"] {
+        let line = format!("isthmus_agent_userspace_lost_total{{reason=\"{reason}\"}} 0");
+        assert!(metrics.lines().any(|l| l == line), "no {line:?} in the metrics:\n{metrics}");
+    }
 
     // kill -9: the agent's own namespace goes with it, the capture and its route with that namespace.
     agent.kill9();

@@ -198,3 +198,37 @@ async fn an_ipv6_destination_is_delayed_too() {
     assert!((20.0..23.0).contains(&slow), "IPv6 destination: median {slow} ms, want 20 ms plus at most 3");
     capture.detach().await.unwrap();
 }
+
+#[test]
+fn packets_the_kernel_drops_from_an_unread_capture_socket_are_counted_once() {
+    use isthmus_agent::userspace::sys::RxSocket;
+    let pair = Pair::new("us-overrun");
+    // A packet socket on `vb` that nobody reads: its receive buffer (the kernel's default, a few hundred KB) fills.
+    let rx = in_netns(&pair.b, || {
+        let index = nix::net::if_::if_nametoindex("vb").unwrap();
+        RxSocket::open(index).unwrap()
+    });
+    let socket = in_netns(&pair.a, || UdpSocket::bind(("0.0.0.0", 0))).unwrap();
+    // The neighbour first (datagrams waiting for it would be dropped before the wire), then a clean slate.
+    socket.send_to(&[0u8; 100], ("10.77.0.2", 9)).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let mut buf = vec![0u8; 2048];
+    while rx.recv(&mut buf).unwrap().is_some() {}
+    rx.take_dropped().unwrap();
+    let sent = 3000;
+    for _ in 0..sent {
+        socket.send_to(&[0u8; 1400], ("10.77.0.2", 9)).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let dropped = rx.take_dropped().unwrap();
+    let mut read = 0;
+    while rx.recv(&mut buf).unwrap().is_some() {
+        read += 1;
+    }
+    println!("{sent} datagrams: {read} read from the socket, {dropped} dropped by the kernel");
+    // Every datagram is either read or dropped; the link's own chatter (IPv6 neighbour discovery and multicast
+    // reports) may add a few frames either way.
+    assert!(dropped > 0, "the buffer never filled: {read} read");
+    assert!(read + dropped >= sent && read + dropped <= sent + 8, "{read} read + {dropped} dropped of {sent}");
+    assert_eq!(rx.take_dropped().unwrap(), 0, "reading the statistics resets them");
+}

@@ -127,7 +127,13 @@ impl Trees {
     /// tree is there or it cannot be read.
     pub async fn counters(&self, kept: Option<&PodDatapath>, netns: &Netns, interface: &str) -> Vec<(IpNet, Counters)> {
         let kept = match kept {
-            Some(PodDatapath::Userspace(emulation)) => return emulation.counters(),
+            Some(PodDatapath::Userspace(emulation)) => {
+                let (counters, loop_counters) = emulation.counters();
+                if let Some(loop_counters) = loop_counters {
+                    self.metrics.set_loop_losses(&loop_counters);
+                }
+                return counters;
+            }
             Some(PodDatapath::Tc(datapath)) => Some(datapath),
             None => None,
         };

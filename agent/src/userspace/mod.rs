@@ -80,6 +80,9 @@ pub struct ShellCounters {
     pub send_errors: u64,
     /// Captured frames that were not IP packets the pipeline could read.
     pub malformed: u64,
+    /// Packets the kernel dropped from a capture's socket because the loop had not read it in time (counted
+    /// when a pod's counters are read, and when its socket closes). No destination's counters have them.
+    pub capture_overruns: u64,
 }
 
 /// A pod's destinations' counters (longest prefix first), and the loop's own.
@@ -267,6 +270,7 @@ impl Loop {
                 Ok(Command::Attach(name, path)) => {
                     let mut draining = Vec::new();
                     if let Some(old) = self.pods.remove(&name) {
+                        self.counters.capture_overruns += old.path.rx.take_dropped().unwrap_or(0);
                         draining = old.draining;
                         draining.push(old.path.pipeline);
                         draining.retain(|p| p.next_wakeup().is_some());
@@ -283,9 +287,15 @@ impl Loop {
                     }
                 }
                 Ok(Command::Detach(name)) => {
-                    changed |= self.pods.remove(&name).is_some();
+                    if let Some(old) = self.pods.remove(&name) {
+                        self.counters.capture_overruns += old.path.rx.take_dropped().unwrap_or(0);
+                        changed = true;
+                    }
                 }
                 Ok(Command::Counters(name, reply)) => {
+                    if let Some(pod) = self.pods.get(&name) {
+                        self.counters.capture_overruns += pod.path.rx.take_dropped().unwrap_or(0);
+                    }
                     let answer = self.pods.get(&name).map(|p| (p.path.pipeline.counters().collect(), self.counters));
                     let _ = reply.send(answer);
                 }

@@ -92,6 +92,19 @@ pub enum Pushed {
     Emulated(Verdict),
     /// No destination holds its address (a route the capture has not yet withdrawn): it goes on unchanged.
     PassThrough(Frame),
+    /// Not the pod's traffic: what the capture's own interface sends when it comes up (IPv6 neighbour
+    /// discovery, multicast reports, anything to a multicast or link-local address). Dropped: on the pod's
+    /// interface it would carry the capture's address, and the pod's traffic reaches the capture only through
+    /// routes to unicast destinations beyond the link.
+    Stray,
+}
+
+/// Whether a packet for no destination may go on to the pod's interface (see [`Pushed::Stray`]).
+fn beyond_the_link(destination: IpAddr) -> bool {
+    match destination {
+        IpAddr::V4(a) => !(a.is_multicast() || a.is_broadcast() || a.is_link_local() || a.is_unspecified()),
+        IpAddr::V6(a) => !(a.is_multicast() || a.is_unicast_link_local() || a.is_unspecified()),
+    }
 }
 
 struct Destination {
@@ -137,7 +150,9 @@ impl PodPipeline {
     }
 
     pub fn push(&mut self, frame: Frame, now: u64) -> Pushed {
-        let Some(i) = self.find(frame.destination) else { return Pushed::PassThrough(frame) };
+        let Some(i) = self.find(frame.destination) else {
+            return if beyond_the_link(frame.destination) { Pushed::PassThrough(frame) } else { Pushed::Stray };
+        };
         let verdict = self.destinations[i].emulator.push(frame, now);
         self.reschedule(i, now);
         Pushed::Emulated(verdict)

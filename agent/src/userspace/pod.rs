@@ -11,7 +11,7 @@ use isthmus_agent_api::Counters;
 
 use super::capture::{Capture, CaptureError};
 use super::pipeline::PodPipeline;
-use super::{PodPath, Shell};
+use super::{PodPath, Shell, ShellCounters};
 use crate::datapath::DesiredState;
 use crate::netns::Netns;
 
@@ -166,11 +166,16 @@ impl PodEmulation {
         PodPipeline::new(desired.destinations(), desired.queue_bound(), self.id, self.userspace.shell.now())
     }
 
-    /// Each destination's counters, as the emulators keep them; empty when nothing is installed.
-    pub fn counters(&self) -> Vec<(IpNet, Counters)> {
-        let mut counters = self.userspace.shell.counters(&self.key()).map(|(c, _)| c).unwrap_or_default();
-        counters.sort_by_key(|(d, _)| *d);
-        counters
+    /// Each destination's counters, as the emulators keep them (empty when nothing is installed), and the loop's
+    /// own (for the whole agent, `None` when nothing is installed).
+    pub fn counters(&self) -> (Vec<(IpNet, Counters)>, Option<ShellCounters>) {
+        match self.userspace.shell.counters(&self.key()) {
+            Some((mut counters, shell)) => {
+                counters.sort_by_key(|(d, _)| *d);
+                (counters, Some(shell))
+            }
+            None => (Vec::new(), None),
+        }
     }
 }
 

@@ -125,6 +125,35 @@ impl RxSocket {
     }
 }
 
+/// `PACKET_STATISTICS` (`include/uapi/linux/if_packet.h`) and what it reads.
+const PACKET_STATISTICS: libc::c_int = 6;
+#[repr(C)]
+struct TpacketStats {
+    tp_packets: u32,
+    tp_drops: u32,
+}
+
+impl RxSocket {
+    /// Packets the kernel dropped because the socket's receive buffer was full (the loop fell behind) since the
+    /// last call: reading the statistics resets them.
+    pub fn take_dropped(&self) -> io::Result<u64> {
+        let mut stats = TpacketStats { tp_packets: 0, tp_drops: 0 };
+        let mut len = size_of::<TpacketStats>() as libc::socklen_t;
+        // SAFETY: `stats` is a live, initialised local of the size passed in `len`, which is live too.
+        let rc = unsafe {
+            libc::getsockopt(
+                self.0.as_raw_fd(),
+                libc::SOL_PACKET,
+                PACKET_STATISTICS,
+                (&mut stats as *mut TpacketStats).cast(),
+                &mut len,
+            )
+        };
+        check(rc)?;
+        Ok(u64::from(stats.tp_drops))
+    }
+}
+
 impl AsRawFd for RxSocket {
     fn as_raw_fd(&self) -> RawFd {
         self.0.as_raw_fd()

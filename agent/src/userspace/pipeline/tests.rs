@@ -146,3 +146,17 @@ proptest! {
         prop_assert!(p.wakeups.is_empty());
     }
 }
+
+#[test]
+fn the_captures_own_link_chatter_is_stray_and_other_unlisted_unicast_passes() {
+    let mut p = pipeline(&[(net("10.0.0.0/24"), latency(10))], 1);
+    for to in [[224, 0, 0, 22], [255, 255, 255, 255], [169, 254, 1, 1], [0, 0, 0, 0]] {
+        assert_eq!(p.push(v4(to, 0, 64), 0), Pushed::Stray, "{to:?}");
+    }
+    assert!(matches!(p.push(v4([10, 0, 1, 1], 0, 64), 0), Pushed::PassThrough(_)));
+    for to in ["ff02::16", "ff02::1:ff00:1", "fe80::1", "::"] {
+        let to: std::net::Ipv6Addr = to.parse().unwrap();
+        assert!(!beyond_the_link(IpAddr::V6(to)), "{to}");
+    }
+    assert!(beyond_the_link("fd77::2".parse().unwrap()) && beyond_the_link("2001:db8::1".parse().unwrap()));
+}

@@ -65,7 +65,7 @@ impl Emulation {
     pub fn counters(&self, ctx: &Ctx) -> anyhow::Result<Vec<(IpNet, Counters)>> {
         Ok(match self {
             Emulation::Tc(dp) => ctx.runtime.block_on(dp.observe(SOURCE_IF))?.unwrap_or_default(),
-            Emulation::Userspace { pod, .. } => pod.counters(),
+            Emulation::Userspace { pod, .. } => pod.counters().0,
         })
     }
 
