@@ -1,7 +1,7 @@
-//! The datapath library (isthmus_agent::datapath, the code the agent runs) against a real kernel: each test
-//! installs destinations → impairments with `Datapath::reconcile` on `va` in namespace `a`, sends bounded
-//! traffic to namespace `b` and checks what arrives. `tc -s … show` in the guest is the independent witness of
-//! what the kernel holds.
+//! The agent's datapaths against a real kernel: each test installs destinations → impairments on `va` in
+//! namespace `a` — through the tc tree (`Datapath::reconcile`) or, for a `.userspace` test, through the
+//! userspace datapath (`super::emulator`) — sends bounded traffic to namespace `b` and checks what arrives.
+//! iproute2 in the guest is the independent witness of what the kernel holds.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
@@ -427,7 +427,8 @@ fn per_destination_independence(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
 }
 
 /// The regression behind the HTB root: a 200 ms destination loaded with TCP must not hold back a 1 ms one.
-/// With a DRR root the 1 ms destination's median rose to tens of ms; with HTB it stays near 1 ms.
+/// With a DRR root the 1 ms destination's median rose to tens of ms; with HTB it stays near 1 ms. The userspace
+/// datapath keeps a queue per destination too, and is held to the same.
 fn head_of_line(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
     let link = Link::new("hol", 2)?;
     let (slow, fast) = (link.destinations[0], link.destinations[1]);
