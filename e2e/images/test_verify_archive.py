@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Tests of the image pipeline without a release build: e2e/cluster/build-image packs the static busybox the
-way e2e/images/build packs isthmus's binaries, and verify_archive.py must accept the result, find it
-deterministic, and reject archives that are corrupted or say the wrong thing.
+way e2e/images/build packs isthmus's binaries, e2e/images/build_index.py joins per-platform archives into a
+multi-platform one, and verify_archive.py must accept the results, find them deterministic, and reject archives
+that are corrupted or say the wrong thing.
 
     python3 e2e/images/test_verify_archive.py      # needs /bin/busybox from busybox-static, tar, gzip, jq
 """
@@ -19,6 +20,7 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BUILD_IMAGE = os.path.join(HERE, "..", "cluster", "build-image")
+BUILD_INDEX = os.path.join(HERE, "build_index.py")
 BUSYBOX = "/bin/busybox"
 sys.path.insert(0, HERE)
 import verify_archive  # noqa: E402
@@ -26,9 +28,9 @@ import verify_archive  # noqa: E402
 NAME = "localhost/isthmus-verify-test:1"
 
 
-def build(out, *extra):
+def build(out, *extra, tool=BUSYBOX):
     return subprocess.run(
-        [BUILD_IMAGE, NAME, out, "--file", f"{BUSYBOX}:/usr/local/bin/tool",
+        [BUILD_IMAGE, NAME, out, "--file", f"{tool}:/usr/local/bin/tool",
          "--entrypoint", "/usr/local/bin/tool", "--cmd", "serve", *extra],
         check=True, capture_output=True, text=True).stdout.strip()
 
@@ -130,6 +132,127 @@ class PipelineTest(unittest.TestCase):
                               "--expect-user", ""], capture_output=True, text=True)
         self.assertEqual(bad.returncode, 1)
         self.assertIn("User", bad.stderr)
+
+
+def build_index(out, *archives, name=NAME):
+    return subprocess.run([sys.executable, BUILD_INDEX, name, out, *archives],
+                          check=True, capture_output=True, text=True).stdout.strip()
+
+
+@unittest.skipUnless(os.access(BUSYBOX, os.X_OK) and shutil.which("jq"), "needs busybox-static and jq")
+class MultiPlatformTest(unittest.TestCase):
+    """Image indexes as `make release-images` builds them: one amd64 and one arm64 manifest under one name.
+    The arm64 executable is busybox-static with its ELF header's machine set to aarch64 (183): the verifier reads
+    headers only, and this keeps the test free of a cross toolchain."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="isth-index-")
+        cls.arm64_tool = os.path.join(cls.tmp, "busybox-arm64")
+        with open(BUSYBOX, "rb") as f:
+            data = bytearray(f.read())
+        data[18:20] = (183).to_bytes(2, "little")
+        with open(cls.arm64_tool, "wb") as f:
+            f.write(data)
+        os.chmod(cls.arm64_tool, 0o755)
+        cls.amd64 = os.path.join(cls.tmp, "amd64.tar")
+        cls.arm64 = os.path.join(cls.tmp, "arm64.tar")
+        cls.amd64_digest = build(cls.amd64, "--user", "65532:65532", "--arch", "amd64")
+        cls.arm64_digest = build(cls.arm64, "--user", "65532:65532", "--arch", "arm64", tool=cls.arm64_tool)
+        cls.index = os.path.join(cls.tmp, "index.tar")
+        cls.index_digest = build_index(cls.index, cls.amd64, cls.arm64)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    BOTH = ["linux/amd64", "linux/arm64"]
+
+    def expectations(self, **override):
+        expect = dict(expect_name=NAME, expect_files=["/usr/local/bin/tool"], expect_user="65532:65532",
+                      expect_entrypoint="/usr/local/bin/tool", expect_cmd=["serve"], expect_platforms=self.BOTH)
+        expect.update(override)
+        return expect
+
+    def test_an_index_of_two_platforms_passes_and_lists_each_manifest(self):
+        summary = verify_archive.verify(self.index, expect_manifest_digest=self.index_digest, **self.expectations())
+        self.assertEqual(summary["index_digest"], self.index_digest)
+        self.assertEqual(sorted(summary["platforms"]), self.BOTH)
+        # Each platform's manifest is byte for byte the one its single-platform archive carries.
+        self.assertEqual(summary["platforms"]["linux/amd64"]["manifest_digest"], self.amd64_digest)
+        self.assertEqual(summary["platforms"]["linux/arm64"]["manifest_digest"], self.arm64_digest)
+        self.assertNotEqual(self.amd64_digest, self.arm64_digest)
+        listing = subprocess.run(["tar", "-tf", self.index], check=True, capture_output=True, text=True).stdout
+        self.assertNotIn("manifest.json", listing.split(), "docker load takes one platform; no manifest.json")
+
+    def test_the_single_platform_archives_declare_their_platform(self):
+        verify_archive.verify(self.arm64, **self.expectations(expect_platforms=["linux/arm64"]))
+        with self.assertRaises(verify_archive.Problems) as caught:
+            verify_archive.verify(self.arm64, **self.expectations(expect_platforms=["linux/amd64"]))
+        self.assertTrue(any("platforms" in p for p in caught.exception.problems), caught.exception.problems)
+
+    def test_the_same_inputs_in_any_order_give_the_same_bytes(self):
+        again = os.path.join(self.tmp, "again.tar")
+        self.assertEqual(build_index(again, self.arm64, self.amd64), self.index_digest)
+        with open(self.index, "rb") as a, open(again, "rb") as b:
+            self.assertEqual(hashlib.sha256(a.read()).digest(), hashlib.sha256(b.read()).digest())
+
+    def test_a_missing_platform_is_reported(self):
+        only = os.path.join(self.tmp, "only-amd64.tar")
+        build_index(only, self.amd64)
+        with self.assertRaises(verify_archive.Problems) as caught:
+            verify_archive.verify(only, **self.expectations())
+        self.assertTrue(any("platforms ['linux/amd64']" in p for p in caught.exception.problems),
+                        caught.exception.problems)
+
+    def test_a_binary_for_another_architecture_is_caught(self):
+        # An arm64 manifest around the x86-64 busybox: it would fail only when a node pulls it.
+        wrong = os.path.join(self.tmp, "wrong-arm64.tar")
+        build(wrong, "--user", "65532:65532", "--arch", "arm64")
+        index = os.path.join(self.tmp, "wrong-index.tar")
+        build_index(index, self.amd64, wrong)
+        with self.assertRaises(verify_archive.Problems) as caught:
+            verify_archive.verify(index, **self.expectations())
+        self.assertTrue(any(p.startswith("arm64 rootfs") and "ELF machine 62" in p
+                            for p in caught.exception.problems), caught.exception.problems)
+
+    def test_a_root_user_on_one_platform_is_caught(self):
+        # The operator must run as non-root on every platform, not only on the one a test cluster runs.
+        root_arm64 = os.path.join(self.tmp, "root-arm64.tar")
+        build(root_arm64, "--arch", "arm64", tool=self.arm64_tool)
+        index = os.path.join(self.tmp, "root-index.tar")
+        build_index(index, self.amd64, root_arm64)
+        with self.assertRaises(verify_archive.Problems) as caught:
+            verify_archive.verify(index, **self.expectations())
+        self.assertEqual([p for p in caught.exception.problems if "User" in p],
+                         ["arm64 config: User '', expected '65532:65532'"])
+
+    def test_a_platform_that_is_not_the_configs_is_caught(self):
+        # index.json claims arm64 for an amd64 image (index.json is no blob, so no digest changes).
+        def claim_arm64(name, data):
+            if name == "index.json":
+                index = json.loads(data)
+                index["manifests"][0]["platform"]["architecture"] = "arm64"
+                return json.dumps(index).encode()
+            return data
+
+        bad = os.path.join(self.tmp, "claims-arm64.tar")
+        rewrite(self.amd64, bad, claim_arm64)
+        with self.assertRaises(verify_archive.Problems) as caught:
+            verify_archive.verify(bad, expect_platforms=["linux/arm64"])
+        self.assertTrue(any("architecture 'amd64'" in p for p in caught.exception.problems),
+                        caught.exception.problems)
+
+    def test_the_command_line_prints_both_platforms(self):
+        ok = subprocess.run([sys.executable, os.path.join(HERE, "verify_archive.py"), self.index,
+                             "--expect-platform", "linux/amd64", "--expect-platform", "linux/arm64",
+                             "--expect-user", "65532:65532"], capture_output=True, text=True)
+        self.assertEqual(ok.returncode, 0, ok.stderr)
+        self.assertEqual(sorted(json.loads(ok.stdout)["platforms"]), self.BOTH)
+        bad = subprocess.run([sys.executable, os.path.join(HERE, "verify_archive.py"), self.index,
+                              "--expect-user", "65532:65532"], capture_output=True, text=True)
+        self.assertEqual(bad.returncode, 1, "the default expectation is linux/amd64 alone")
+        self.assertIn("platforms", bad.stderr)
 
 
 if __name__ == "__main__":
