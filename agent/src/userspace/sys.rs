@@ -260,8 +260,8 @@ pub fn disable_offloads(interface: &str) -> io::Result<()> {
         request.ifr_ifru.ifru_data = (&mut value as *mut EthtoolValue).cast();
         // SAFETY: `request` is a live, initialised ifreq whose data pointer points at `value`, a live
         // ethtool_value, for the whole call; SIOCETHTOOL reads the command from it and writes nothing back for a
-        // set.
-        check(unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCETHTOOL, &mut request) })?;
+        // set. The request's type is libc's Ioctl: unsigned long in glibc, int in musl (the arm64 images).
+        check(unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCETHTOOL as libc::Ioctl, &mut request) })?;
     }
     Ok(())
 }
