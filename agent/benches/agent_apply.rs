@@ -51,7 +51,7 @@ async fn main() {
     let setup = Instant::now();
     let fleet = Fleet::new("isth-ab-", PODS, &pinned, [10, 244]);
     eprintln!("{PODS} namespaces with veths created in {:.1} s", setup.elapsed().as_secs_f64());
-    let certs = TestCerts::new();
+    let certs = TestCerts::new(NODE);
     let agent = Agent::start(&AgentOptions {
         node: NODE,
         tls_dir: &certs.agent_dir(),
@@ -113,7 +113,7 @@ async fn main() {
         phase_after[2] = phase_after[2].max(agent.rss_kib().0);
         agent.reset_peak_rss();
         let start = Instant::now();
-        let observed = client.observed(agent.api).await.unwrap();
+        let observed = client.observed(agent.api, NODE).await.unwrap();
         times[3].push(start.elapsed().as_secs_f64());
         phase_peaks[3] = phase_peaks[3].max(agent.rss_kib().1);
         phase_after[3] = phase_after[3].max(agent.rss_kib().0);

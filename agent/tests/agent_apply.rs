@@ -84,7 +84,7 @@ fn has_isthmus_root(ns: &Ns) -> bool {
 async fn agent_apply_change_gc_shutdown_adopt_and_cleanup() {
     let (work, pinned, proc_dir) = agent_common::agent_dirs("isth-apply-");
     let t = topology(&pinned);
-    let certs = TestCerts::new();
+    let certs = TestCerts::new(NODE);
     let options = AgentOptions {
         node: NODE,
         tls_dir: &certs.agent_dir(),
@@ -188,7 +188,7 @@ async fn agent_apply_change_gc_shutdown_adopt_and_cleanup() {
 
     // Observed state and metrics carry the kernel's counters per destination.
     let _ = throughput(&t.pod, &t.dst2, t.dst2_ip);
-    let observed = client.observed(agent.api).await.unwrap();
+    let observed = client.observed(agent.api, NODE).await.unwrap();
     assert_eq!(observed.version, 3);
     let p = observed.pods.iter().find(|p| p.uid == "uid-p").expect("pod observed");
     assert_eq!(p.destinations.len(), 2);
@@ -240,7 +240,7 @@ async fn agent_apply_change_gc_shutdown_adopt_and_cleanup() {
     // Restart: the trees are adopted, untouched, until the next plan.
     drop(agent);
     let agent = Agent::start(&options);
-    let observed = client.observed(agent.api).await.unwrap();
+    let observed = client.observed(agent.api, NODE).await.unwrap();
     assert_eq!(observed.adopted.len(), 2, "{observed:?}");
     assert!(observed.adopted.iter().any(|a| a.netns_inode == t.pod.inode() && a.destinations.len() == 1));
     assert!(has_isthmus_root(&t.pod));
@@ -255,7 +255,7 @@ async fn agent_apply_change_gc_shutdown_adopt_and_cleanup() {
     assert_eq!(reply.pods[0].mutations, 0, "the adopted tree already matched");
     assert!(has_isthmus_root(&t.pod));
     assert!(!has_isthmus_root(&t.dst2), "the adopted tree no plan wants is removed");
-    let observed = client.observed(agent.api).await.unwrap();
+    let observed = client.observed(agent.api, NODE).await.unwrap();
     assert!(observed.adopted.is_empty());
     drop(agent);
 
@@ -319,7 +319,7 @@ async fn agent_apply_reuses_the_pods_connection_follows_a_new_sandbox_and_resync
     let pod_ip = addr(&format!("10.229.{k}.2"));
     let peer_ip = addr(&format!("10.229.{k}.1"));
     let (dst1, dst2) = (addr("10.228.0.1"), addr("10.228.0.2"));
-    let certs = TestCerts::new();
+    let certs = TestCerts::new(NODE);
     let mut options = AgentOptions {
         node: NODE,
         tls_dir: &certs.agent_dir(),

@@ -1,6 +1,7 @@
 //! The operator's agent client against a hostile agent: a TLS server holding a valid agent certificate that
 //! streams a reply without end (1 GiB announced), or never answers. The client cuts the first off at its reply
-//! limit, with its memory bounded by that limit, and the second at its request timeout.
+//! limit, with its memory bounded by that limit, and the second at its request timeout. And an agent whose
+//! certificate names another node than the one the client means to reach is refused in the handshake.
 
 mod agent_common;
 
@@ -8,7 +9,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use agent_common::{SERVER_NAME, TestCerts};
+use agent_common::TestCerts;
 use isthmus_agent_api::client::{AgentClient, ClientConfig, ClientError, TlsFiles};
 use isthmus_agent_api::tls::crypto_provider;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -32,7 +33,8 @@ async fn fake_agent(certs: &TestCerts, reply: Option<u64>) -> (SocketAddr, tokio
     let addr = listener.local_addr().unwrap();
     let task = tokio::spawn(async move {
         let (tcp, _) = listener.accept().await.unwrap();
-        let mut tls = acceptor.accept(tcp).await.unwrap();
+        // A client that refuses the certificate ends the handshake: nothing was sent.
+        let Ok(mut tls) = acceptor.accept(tcp).await else { return 0 };
         let mut request = Vec::new();
         let mut buf = [0u8; 4096];
         while !request.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -64,10 +66,9 @@ async fn fake_agent(certs: &TestCerts, reply: Option<u64>) -> (SocketAddr, tokio
 }
 
 fn client(certs: &TestCerts, request_timeout: Duration) -> AgentClient {
-    let mut config = ClientConfig::new(TlsFiles::in_dir(certs.dir.0.join("operator")));
-    config.server_name = SERVER_NAME.to_owned();
+    let mut config = ClientConfig::new(TlsFiles::in_dir(certs.dir.0.join("operator"))).unwrap();
     config.request_timeout = request_timeout;
-    AgentClient::new(config).unwrap()
+    AgentClient::new(config)
 }
 
 /// This process's peak resident memory (VmHWM), in bytes.
@@ -83,14 +84,14 @@ fn peak_rss() -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_client_cuts_off_an_endless_reply_with_bounded_memory() {
-    let certs = TestCerts::new();
+    let certs = TestCerts::new("node-a");
     let (agent, server) = fake_agent(&certs, Some(GIB)).await;
     let client = client(&certs, Duration::from_secs(120));
-    let limit = ClientConfig::new(TlsFiles::in_dir(".")).max_reply_bytes as u64;
+    let limit = ClientConfig::new(TlsFiles::in_dir(certs.dir.0.join("operator"))).unwrap().max_reply_bytes as u64;
     // The peak so far, then the peak after: what the call added at most.
     std::fs::write("/proc/self/clear_refs", "5").unwrap();
     let before = peak_rss();
-    let err = client.capabilities(agent).await.unwrap_err();
+    let err = client.capabilities(agent, "node-a").await.unwrap_err();
     let grown = peak_rss().saturating_sub(before);
     assert!(matches!(err, ClientError::TooLarge { .. }), "{err}");
     assert!(err.to_string().contains(&format!("longer than {limit} bytes")), "{err}");
@@ -102,8 +103,28 @@ async fn agent_client_cuts_off_an_endless_reply_with_bounded_memory() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_client_gives_up_on_an_agent_that_never_answers() {
-    let certs = TestCerts::new();
+    let certs = TestCerts::new("node-a");
     let (agent, _server) = fake_agent(&certs, None).await;
-    let err = client(&certs, Duration::from_secs(1)).capabilities(agent).await.unwrap_err();
+    let err = client(&certs, Duration::from_secs(1)).capabilities(agent, "node-a").await.unwrap_err();
     assert!(matches!(err, ClientError::Timeout { after, .. } if after == Duration::from_secs(1)), "{err}");
+}
+
+/// The agent serving node-a's certificate, dialled as node-b (a pod IP the operator believes is node-b's agent):
+/// refused before a request is sent; dialled as node-a, the same agent is reached (its endless reply is then cut).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_client_refuses_an_agent_whose_certificate_names_another_node() {
+    let certs = TestCerts::new("node-a");
+    let client = client(&certs, Duration::from_secs(20));
+
+    let (agent, server) = fake_agent(&certs, Some(GIB)).await;
+    let err = client.capabilities(agent, "node-b").await.unwrap_err();
+    assert!(matches!(err, ClientError::Connect { .. }), "{err}");
+    assert!(err.to_string().contains("not valid for name"), "{err}");
+    let sent = tokio::time::timeout(Duration::from_secs(20), server).await.unwrap().unwrap();
+    assert_eq!(sent, 0, "the agent got a request although its certificate names another node");
+
+    let (agent, server) = fake_agent(&certs, Some(GIB)).await;
+    let err = client.capabilities(agent, "node-a").await.unwrap_err();
+    assert!(matches!(err, ClientError::TooLarge { .. }), "dialled as its own node, the agent is reached: {err}");
+    let _ = server.await;
 }

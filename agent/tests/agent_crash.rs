@@ -37,7 +37,7 @@ fn plan(fleet: &Fleet, version: u64, pods: usize, shift: usize, rate_base: u64) 
 async fn agent_crash_kill9_mid_apply_then_converge() {
     let (work, pinned, proc_dir) = agent_common::agent_dirs("isth-crash-");
     let fleet = Fleet::new("isth-ac-", PODS, &pinned, [10, 242]);
-    let certs = TestCerts::new();
+    let certs = TestCerts::new(NODE);
     let options = AgentOptions {
         node: NODE,
         tls_dir: &certs.agent_dir(),
@@ -80,7 +80,7 @@ async fn agent_crash_kill9_mid_apply_then_converge() {
 
     // Restart: whatever was installed is adopted untouched.
     let agent = Agent::start(&options);
-    let observed = client.observed(agent.api).await.unwrap();
+    let observed = client.observed(agent.api, NODE).await.unwrap();
     assert_eq!(observed.adopted.len(), touched.len(), "every tree found is adopted");
 
     // The next plan: the first 35 pods, destinations shifted by 20 (20 removed, 20 new, 80 kept) and every
@@ -90,7 +90,7 @@ async fn agent_crash_kill9_mid_apply_then_converge() {
     let reply = client.apply(agent.api, &next).await.unwrap();
     assert!(reply.pods.iter().all(|r| r.outcome == PodOutcome::Applied), "{reply:?}");
 
-    let observed = client.observed(agent.api).await.unwrap();
+    let observed = client.observed(agent.api, NODE).await.unwrap();
     assert!(observed.adopted.is_empty());
     assert_eq!(observed.pods.len(), wanted);
     for (i, pod) in next.pods.iter().enumerate() {

@@ -101,7 +101,7 @@ async fn agent_privileges_net_admin_sys_admin_sys_ptrace_suffice_and_each_is_nee
     // The agent's /proc shows only that process (the real /proc/<pid> through a link).
     std::os::unix::fs::symlink(format!("/proc/{pid}"), proc_dir.join(pid.to_string())).unwrap();
 
-    let certs = TestCerts::new();
+    let certs = TestCerts::new(NODE);
     let options = AgentOptions {
         node: NODE,
         tls_dir: &certs.agent_dir(),
@@ -166,7 +166,7 @@ async fn agent_privileges_the_userspace_datapath_needs_net_raw_as_well() {
     let (pod_ip, peer_ip): (IpAddr, IpAddr) =
         (format!("10.248.{k}.2").parse().unwrap(), format!("10.248.{k}.1").parse().unwrap());
     veth(&pod_ns, "eth0", pod_ip, &peer, "eth0", peer_ip);
-    let certs = TestCerts::new();
+    let certs = TestCerts::new(NODE);
     let tls_dir = certs.agent_dir();
     let options = AgentOptions::in_dirs(NODE, &tls_dir, &dirs, &[("ISTHMUS_DATAPATH", "userspace")]);
     let client = certs.operator();

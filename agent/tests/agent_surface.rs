@@ -10,7 +10,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agent_common::{Agent, AgentOptions, Fleet, SERVER_NAME, TestCerts};
+use agent_common::{Agent, AgentOptions, Fleet, TestCerts};
+use isthmus_agent_api::identity::node_server_name;
 use isthmus_agent_api::test_util::{destination, link, pod, rate};
 use isthmus_agent_api::{NodePlan, PodOutcome};
 use rustls::pki_types::ServerName;
@@ -46,8 +47,9 @@ async fn connect_from(source: [u8; 4], to: SocketAddr) -> std::io::Result<TcpStr
 async fn scrape(config: Arc<rustls::ClientConfig>, source: [u8; 4], agent: SocketAddr) -> Option<u16> {
     let tcp = connect_from(source, agent).await.ok()?;
     let connector = tokio_rustls::TlsConnector::from(config);
-    let mut tls = connector.connect(ServerName::try_from(SERVER_NAME).unwrap(), tcp).await.ok()?;
-    let request = format!("GET /metrics HTTP/1.1\r\nHost: {SERVER_NAME}\r\nConnection: close\r\n\r\n");
+    let server_name = node_server_name(NODE).unwrap();
+    let mut tls = connector.connect(ServerName::try_from(server_name.clone()).unwrap(), tcp).await.ok()?;
+    let request = format!("GET /metrics HTTP/1.1\r\nHost: {server_name}\r\nConnection: close\r\n\r\n");
     tls.write_all(request.as_bytes()).await.ok()?;
     let mut response = Vec::new();
     let _ = tls.read_to_end(&mut response).await;
@@ -68,7 +70,7 @@ async fn idle(n: usize, config: Arc<rustls::ClientConfig>, agent: SocketAddr) ->
         return Some(Idle::Stalled(tcp));
     }
     let connector = tokio_rustls::TlsConnector::from(config);
-    let tls = connector.connect(ServerName::try_from(SERVER_NAME).unwrap(), tcp).await.ok()?;
+    let tls = connector.connect(ServerName::try_from(node_server_name(NODE).unwrap()).unwrap(), tcp).await.ok()?;
     Some(Idle::Authenticated(Box::new(tls)))
 }
 
@@ -94,7 +96,7 @@ fn sample(metrics: &str, name: &str) -> f64 {
 async fn agent_surface_plan_answered_under_idle_connections_and_scrapes() {
     let (work, pinned, proc_dir) = agent_common::agent_dirs("isth-surface-");
     let fleet = Fleet::new("isth-sf-", PODS, &pinned, [10, 246]);
-    let certs = TestCerts::new();
+    let certs = TestCerts::new(NODE);
     let agent = Agent::start(&AgentOptions {
         node: NODE,
         tls_dir: &certs.agent_dir(),

@@ -48,12 +48,12 @@ async fn userspace_datapath_emulates_fails_open_on_kill9_and_comes_back() {
     let bind = |ip: IpAddr| server.run_in(move || UdpSocket::bind((ip, ECHO_PORT))).join().unwrap().unwrap();
     let _echoes = [Echo::serve(bind(far)), Echo::serve(bind(near))];
 
-    let certs = TestCerts::new();
+    let certs = TestCerts::new(NODE);
     let tls_dir = certs.agent_dir();
     let options = AgentOptions::in_dirs(NODE, &tls_dir, &dirs, &[("ISTHMUS_DATAPATH", "auto")]);
     let mut agent = Agent::start(&options);
     let operator = certs.operator();
-    let capabilities = operator.capabilities(agent.api).await.unwrap();
+    let capabilities = operator.capabilities(agent.api, NODE).await.unwrap();
     assert!(!capabilities.netem, "this test needs a kernel without sch_netem, as this machine's: {capabilities:?}");
     assert_eq!(capabilities.datapath, DatapathKind::Userspace, "auto without netem: {capabilities:?}");
     let metrics = certs.metrics(agent.api);
@@ -65,7 +65,7 @@ async fn userspace_datapath_emulates_fails_open_on_kill9_and_comes_back() {
     println!("through the agent: {slow:.3} ms to the 20 ms destination, {fast:.3} ms to the other");
     assert!((20.0..23.0).contains(&slow), "20 ms destination: median {slow} ms\n{}", agent.log_text());
     assert!(fast < 3.0, "unimpaired destination: median {fast} ms");
-    let observed = operator.observed(agent.api).await.unwrap();
+    let observed = operator.observed(agent.api, NODE).await.unwrap();
     let counters = observed.pods[0].destinations[0].counters;
     assert!(counters.packets >= 100, "the emulator's counters, observed: {observed:?}");
     let metrics = certs.metrics(agent.api);
@@ -111,7 +111,7 @@ async fn one_agent_emulates_100_pods_with_10_destinations_each() {
     const PODS: usize = 100;
     let dirs = agent_common::agent_dirs("isth-us100-");
     let fleet = Fleet::new("isth-u100-", PODS, &dirs.1, [10, 249]);
-    let certs = TestCerts::new();
+    let certs = TestCerts::new(NODE);
     let tls_dir = certs.agent_dir();
     let options = AgentOptions::in_dirs(NODE, &tls_dir, &dirs, &[("ISTHMUS_DATAPATH", "userspace")]);
     let agent = Agent::start(&options);

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Parser;
-use isthmus_agent_api::client::{AgentClient, ClientConfig, DEFAULT_AGENT_SERVER_NAME, TlsFiles};
+use isthmus_agent_api::client::{AgentClient, ClientConfig, TlsFiles};
 use isthmus_operator::controller::nodes::DispatchConfig;
 use isthmus_operator::controller::version::Backoff;
 use isthmus_operator::controller::watch::AgentSelector;
@@ -38,9 +38,6 @@ struct Args {
     agent_cert: Option<PathBuf>,
     #[arg(long, env = "ISTHMUS_AGENT_KEY")]
     agent_key: Option<PathBuf>,
-    /// The DNS name every agent's serving certificate carries.
-    #[arg(long, env = "ISTHMUS_AGENT_SERVER_NAME", default_value = DEFAULT_AGENT_SERVER_NAME)]
-    agent_server_name: String,
     /// Label selector of the agent pods.
     #[arg(long, env = "ISTHMUS_AGENT_SELECTOR", default_value = "app.kubernetes.io/name=isthmus-agent")]
     agent_selector: String,
@@ -172,9 +169,8 @@ impl Args {
             cert: self.agent_cert.clone().unwrap_or_else(|| self.agent_tls_dir.join("tls.crt")),
             key: self.agent_key.clone().unwrap_or_else(|| self.agent_tls_dir.join("tls.key")),
         };
-        let mut client_config = ClientConfig::new(files);
-        client_config.server_name = self.agent_server_name.clone();
-        Ok(Arc::new(AgentClient::new(client_config).context("loading the agent client identity")?))
+        let client_config = ClientConfig::new(files).context("loading the agent client identity")?;
+        Ok(Arc::new(AgentClient::new(client_config)))
     }
 
     fn identity(&self) -> String {

@@ -6,6 +6,7 @@
 #[cfg(feature = "client")]
 pub mod client;
 mod groups;
+pub mod identity;
 pub mod impairment;
 pub mod plan;
 #[cfg(feature = "test-util")]

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use isthmus_agent_api::client::{AgentClient, ClientConfig, TlsFiles};
+use isthmus_agent_api::identity::node_server_name;
 use isthmus_agent_api::tls::crypto_provider;
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -184,7 +185,6 @@ pub struct Pki {
 }
 
 pub const OPERATOR: &str = "isthmus-operator.isthmus-system.serviceaccount.isthmus";
-pub const SERVER_NAME: &str = "isthmus-agent";
 /// The metrics scraper's identity the test agents are started with.
 pub const SCRAPER: &str = "isthmus-metrics-scraper.isthmus";
 
@@ -222,20 +222,25 @@ impl Pki {
     }
 }
 
-/// Certificates for an agent and its callers: the agent trusts `operator_ca` for clients.
+/// Certificates for the agent on one node and its callers, from one CA: the agent's serving certificate names
+/// its node, as the operator's signer issues it.
 pub struct TestCerts {
     pub dir: TempDir,
     pub ca: Pki,
+    pub node: String,
+    /// The DNS name the agent's certificate carries and the operator dials it under.
+    pub server_name: String,
 }
 
 impl TestCerts {
-    pub fn new() -> Self {
+    pub fn new(node: &str) -> Self {
         let dir = TempDir::new("isth-certs-");
         let ca = Pki::new("isthmus test CA");
-        ca.write(&dir.0.join("agent"), &ca, &ca.issue(SERVER_NAME, true));
+        let server_name = node_server_name(node).unwrap();
+        ca.write(&dir.0.join("agent"), &ca, &ca.issue(&server_name, true));
         ca.write(&dir.0.join("operator"), &ca, &ca.issue(OPERATOR, false));
         ca.write(&dir.0.join("scraper"), &ca, &ca.issue(SCRAPER, false));
-        TestCerts { dir, ca }
+        TestCerts { dir, ca, node: node.to_owned(), server_name }
     }
 
     pub fn agent_dir(&self) -> PathBuf {
@@ -244,10 +249,9 @@ impl TestCerts {
 
     /// A client with the certificates in `dir` under the test directory.
     pub fn client_from(&self, dir: &Path) -> AgentClient {
-        let mut config = ClientConfig::new(TlsFiles::in_dir(dir));
-        config.server_name = SERVER_NAME.to_owned();
+        let mut config = ClientConfig::new(TlsFiles::in_dir(dir)).unwrap();
         config.request_timeout = Duration::from_secs(120);
-        AgentClient::new(config).unwrap()
+        AgentClient::new(config)
     }
 
     pub fn operator(&self) -> AgentClient {
@@ -272,11 +276,13 @@ impl TestCerts {
     pub async fn put_plan_json(&self, agent: SocketAddr, plan: &serde_json::Value) -> (u16, String) {
         let body = plan.to_string();
         let request = format!(
-            "PUT /v1/plan HTTP/1.1\r\nHost: {SERVER_NAME}\r\nContent-Type: application/json\r\n\
+            "PUT /v1/plan HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
              Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            self.server_name,
             body.len()
         );
-        let response = tls_exchange(agent, self.tls_config("operator"), request.as_bytes()).await.unwrap();
+        let response =
+            tls_exchange(agent, &self.server_name, self.tls_config("operator"), request.as_bytes()).await.unwrap();
         status_and_body(&response)
     }
 
@@ -284,13 +290,13 @@ impl TestCerts {
     pub fn get(&self, agent: SocketAddr, who: &str, path: &str) -> (u16, String) {
         let connection = rustls::ClientConnection::new(
             std::sync::Arc::new(self.tls_config(who)),
-            ServerName::try_from(SERVER_NAME).unwrap(),
+            ServerName::try_from(self.server_name.clone()).unwrap(),
         )
         .unwrap();
         let tcp = TcpStream::connect_timeout(&agent, Duration::from_secs(5)).unwrap();
         tcp.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
         let mut tls = rustls::StreamOwned::new(connection, tcp);
-        write!(tls, "GET {path} HTTP/1.1\r\nHost: {SERVER_NAME}\r\nConnection: close\r\n\r\n").unwrap();
+        write!(tls, "GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n", self.server_name).unwrap();
         let mut response = Vec::new();
         // A peer that closes without close_notify after a whole answer still answered.
         let _ = tls.read_to_end(&mut response);
@@ -313,11 +319,18 @@ fn status_and_body(response: &str) -> (u16, String) {
 
 /// One request over a new TLS connection to the agent's API; what the server answered (all of it, up to the
 /// connection's end), or the error.
-pub async fn tls_exchange(agent: SocketAddr, config: rustls::ClientConfig, request: &[u8]) -> Result<String, String> {
+pub async fn tls_exchange(
+    agent: SocketAddr,
+    server_name: &str,
+    config: rustls::ClientConfig,
+    request: &[u8],
+) -> Result<String, String> {
     let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
     let tcp = tokio::net::TcpStream::connect(agent).await.map_err(|e| e.to_string())?;
-    let mut tls =
-        connector.connect(ServerName::try_from(SERVER_NAME).unwrap(), tcp).await.map_err(|e| e.to_string())?;
+    let mut tls = connector
+        .connect(ServerName::try_from(server_name.to_owned()).unwrap(), tcp)
+        .await
+        .map_err(|e| e.to_string())?;
     // With TLS 1.3 the server's refusal of a client arrives after the client's side of the handshake: on first
     // use.
     tls.write_all(request).await.map_err(|e| e.to_string())?;

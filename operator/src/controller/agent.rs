@@ -26,8 +26,7 @@ pub struct CallError {
 impl From<ClientError> for CallError {
     fn from(e: ClientError) -> Self {
         let kind = match &e {
-            ClientError::Tls(_) => CallErrorKind::Tls,
-            ClientError::ServerName(_) => CallErrorKind::ServerName,
+            ClientError::ServerName { .. } => CallErrorKind::ServerName,
             ClientError::Connect { .. } => CallErrorKind::Connect,
             ClientError::Timeout { .. } => CallErrorKind::Timeout,
             ClientError::Http { .. } => CallErrorKind::Http,

@@ -86,7 +86,7 @@ pub fn agent_client(dir: &std::path::Path) -> Arc<AgentClient> {
     std::fs::write(dir.join("ca.crt"), ca_cert.pem()).unwrap();
     std::fs::write(dir.join("tls.crt"), cert.pem()).unwrap();
     std::fs::write(dir.join("tls.key"), key.serialize_pem()).unwrap();
-    Arc::new(AgentClient::new(ClientConfig::new(TlsFiles::in_dir(dir))).unwrap())
+    Arc::new(AgentClient::new(ClientConfig::new(TlsFiles::in_dir(dir)).unwrap()))
 }
 
 pub struct Running {
@@ -251,6 +251,8 @@ pub struct RealAgent {
     /// Its TLS files (`agent-tls`, `operator-tls`) and logs.
     pub dir: std::path::PathBuf,
     pub port: u16,
+    /// The node it serves (its certificate names it).
+    pub node: String,
     pub client: Arc<AgentClient>,
 }
 
@@ -289,7 +291,7 @@ impl RealAgent {
             std::fs::write(dir.join(to).join("tls.crt"), cert.pem()).unwrap();
             std::fs::write(dir.join(to).join("tls.key"), key.serialize_pem()).unwrap();
         };
-        issue("isthmus-agent", true, "agent-tls");
+        issue(&isthmus_agent_api::identity::node_server_name(node).unwrap(), true, "agent-tls");
         issue(OPERATOR_IDENTITY, false, "operator-tls");
         let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         // Two ports released in turn can be the same one; the agent then fails to bind and never answers.
@@ -314,10 +316,10 @@ impl RealAgent {
             .stderr(log)
             .spawn()
             .expect("isthmus-agent starts");
-        let client = Arc::new(AgentClient::new(ClientConfig::new(TlsFiles::in_dir(dir.join("operator-tls")))).unwrap());
-        let agent = RealAgent { child, dir, port, client };
+        let client = Arc::new(AgentClient::new(ClientConfig::new(TlsFiles::in_dir(dir.join("operator-tls"))).unwrap()));
+        let agent = RealAgent { child, dir, port, node: node.to_owned(), client };
         let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-        eventually("agent answers", || async { agent.client.capabilities(addr).await.ok() }).await;
+        eventually("agent answers", || async { agent.client.capabilities(addr, &agent.node).await.ok() }).await;
         agent
     }
 }

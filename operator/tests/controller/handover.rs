@@ -205,7 +205,8 @@ async fn a_late_plan_from_a_deposed_leader_or_a_killed_one_never_wins() {
     generation_applied(&links, 3, 1).await;
     assert!(c1.qdiscs().contains("rate 30Mbit"), "{}", c1.qdiscs());
     eventually("client-2's tree removed", || async { (!c2.qdiscs().contains("htb")).then_some(()) }).await;
-    let observed = t.agent.client.observed(SocketAddr::from(([127, 0, 0, 1], t.agent.port))).await.unwrap();
+    let observed =
+        t.agent.client.observed(SocketAddr::from(([127, 0, 0, 1], t.agent.port)), &t.agent.node).await.unwrap();
     let shaped: Vec<&str> = observed.pods.iter().map(|p| p.name.as_str()).collect();
     assert_eq!(shaped, ["client-1"], "nothing extra remains");
 

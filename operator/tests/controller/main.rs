@@ -217,7 +217,8 @@ async fn a_real_agent_confirms_plans_and_releases_the_finalizer() {
     assert!(started.elapsed() < Duration::from_secs(60), "released by the agent's acknowledgement, not the timeout");
     let reasons = event_reasons(client, ns, "real").await;
     assert!(!reasons.iter().any(|r| r == "CleanupTimedOut"), "{reasons:?}");
-    let observed = agent.client.observed(std::net::SocketAddr::from(([127, 0, 0, 1], agent.port))).await.unwrap();
+    let observed =
+        agent.client.observed(std::net::SocketAddr::from(([127, 0, 0, 1], agent.port)), &agent.node).await.unwrap();
     assert!(observed.pods.is_empty(), "the agent holds an empty plan: {observed:?}");
 
     running.stop().await;
