@@ -7,15 +7,16 @@
 //! - No bearer secret travels: a token sent to an agent could be replayed against other agents or the API
 //!   server until it expires; a TLS client key never leaves the operator's pod.
 //! - No cluster-wide RBAC for the agent (`system:auth-delegator` to create TokenReviews).
-//! - The cost is certificate management: the Helm chart creates a CA and two certificates, and both sides
-//!   re-read the files on change, so rotation needs no restart.
+//! - The cost is certificate management: the operator is the CA (a Secret it creates through the API, never a
+//!   Helm-rendered one) and signs each agent's certificate request; both sides pick up new certificates
+//!   without a restart. The agent's token is used for one thing only: to request its own certificate.
 //!
 //! # The identity rule
 //! A caller is the operator when its certificate chains to the CA in `ca.crt` **and** carries a DNS subject
 //! alternative name equal to the configured operator identity (default
-//! [`DEFAULT_OPERATOR_IDENTITY`]). A DNS SAN rather than a URI SAN (SPIFFE style) because Helm's
-//! `genSignedCert`, which the chart uses to create the certificates, can only write DNS and IP SANs; and the
-//! SAN rather than the subject CN because CN matching is deprecated and ambiguous. The identity names the
+//! [`DEFAULT_OPERATOR_IDENTITY`]). A DNS SAN (rather than a URI SAN, SPIFFE style) because rustls checks DNS
+//! names natively and the chart's identities were DNS names from the start; the SAN rather than the subject CN
+//! because CN matching is deprecated and ambiguous. The identity names the
 //! operator's ServiceAccount (`<serviceaccount>.<namespace>.serviceaccount.isthmus`), so a certificate issued
 //! by the same CA for anything else (the agent's own serving certificate, another ServiceAccount) is refused
 //! with HTTP 403; a certificate from another CA, or none, fails the TLS handshake.
@@ -25,13 +26,17 @@
 //! Secret), may read `/metrics` on the same port and nothing else: per-destination metrics name tenants' links
 //! and pods, so they are not served to anonymous callers.
 //!
-//! # Files (a mounted `kubernetes.io/tls` Secret)
-//! - `ca.crt`: the CA that signs the operator's client certificate (only this CA is trusted);
-//! - `tls.crt`, `tls.key`: the agent's serving certificate, valid for the DNS name the operator dials
-//!   (`isthmus-agent` by default, see `isthmus_agent_api::client::DEFAULT_AGENT_SERVER_NAME`).
+//! # Where the certificates come from
+//! - [`TlsSource::Issued`] (the chart's): the agent's serving certificate comes from the Kubernetes
+//!   CertificateSigningRequest API (`crate::csr`), for the DNS name of its node
+//!   ([`isthmus_agent_api::identity::node_server_name`]), signed by the operator; its key is made in memory and
+//!   never written anywhere. The trusted CAs are the operator's bundle (`ca.crt` of the ConfigMap the operator
+//!   publishes, mounted optionally: the agent serves nothing until both the file and a certificate are there).
+//! - [`TlsSource::Files`]: a mounted `kubernetes.io/tls` Secret: `ca.crt` (the CA that signs the operator's
+//!   client certificate), `tls.crt`, `tls.key` (the agent's serving certificate, for its node's DNS name).
 //!
-//! The files are re-read every few seconds; when their bytes changed and they form a valid configuration, new
-//! connections use it (kubelet replaces Secret volumes by swapping a symlink, so the three files change
+//! Either way the material is re-read every few seconds; when its bytes changed and it forms a valid
+//! configuration, new connections use it (kubelet replaces volumes by swapping a symlink, so the files change
 //! together). A half-written or invalid set is reported and the previous configuration stays in force.
 
 use std::sync::{Arc, Mutex, RwLock};
@@ -113,24 +118,93 @@ pub enum AuthError {
     Identity(String),
     #[error(transparent)]
     Tls(#[from] TlsError),
+    #[error("no serving certificate issued yet")]
+    NotIssued,
     #[error("client certificate verifier: {0}")]
     Verifier(#[from] rustls::server::VerifierBuilderError),
 }
 
-/// The agent's current TLS server configuration, replaced when the files change.
+/// The serving certificate and key obtained from the CSR API, held in memory (PEM); None until the first one.
+#[derive(Debug, Default)]
+pub struct IssuedCertificate(RwLock<Option<(Vec<u8>, Vec<u8>)>>);
+
+impl IssuedCertificate {
+    pub fn set(&self, cert_pem: Vec<u8>, key_pem: Vec<u8>) {
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = Some((cert_pem, key_pem));
+    }
+
+    fn get(&self) -> Option<(Vec<u8>, Vec<u8>)> {
+        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+/// Where the agent's TLS material comes from (module docs).
+#[derive(Debug, Clone)]
+pub enum TlsSource {
+    Files(TlsFiles),
+    /// The CA bundle from a file, the serving certificate from the CSR API.
+    Issued {
+        ca: std::path::PathBuf,
+        certificate: Arc<IssuedCertificate>,
+    },
+}
+
+impl TlsSource {
+    /// The paths errors name (the issued certificate has none: it is named as such).
+    fn files(&self) -> TlsFiles {
+        match self {
+            TlsSource::Files(files) => files.clone(),
+            TlsSource::Issued { ca, .. } => {
+                TlsFiles { ca: ca.clone(), cert: "<issued certificate>".into(), key: "<issued key>".into() }
+            }
+        }
+    }
+
+    fn read(&self) -> Result<TlsMaterial, AuthError> {
+        match self {
+            TlsSource::Files(files) => Ok(files.read()?),
+            TlsSource::Issued { ca, certificate } => {
+                let ca = std::fs::read(ca).map_err(|source| TlsError::Read { path: ca.clone(), source })?;
+                let (cert, key) = certificate.get().ok_or(AuthError::NotIssued)?;
+                Ok(TlsMaterial { ca, cert, key })
+            }
+        }
+    }
+}
+
+/// The agent's current TLS server configuration, replaced when its material changes.
 #[derive(Debug)]
 pub struct ReloadingTls {
-    files: TlsFiles,
+    source: TlsSource,
     loaded: Mutex<TlsMaterial>,
     current: RwLock<Arc<ServerConfig>>,
 }
 
 impl ReloadingTls {
-    /// Loads the files; fails when they are missing or invalid (the agent must not start without them).
-    pub fn load(files: TlsFiles) -> Result<Self, AuthError> {
-        let material = files.read()?;
-        let config = build_server_config(&files, &material)?;
-        Ok(Self { files, loaded: Mutex::new(material), current: RwLock::new(config) })
+    /// Loads the material; fails when it is missing or invalid (the agent must not serve without it).
+    pub fn load(source: TlsSource) -> Result<Self, AuthError> {
+        let material = source.read()?;
+        let config = build_server_config(&source.files(), &material)?;
+        Ok(Self { source, loaded: Mutex::new(material), current: RwLock::new(config) })
+    }
+
+    /// Loads the material once it is complete, checking every `interval` (an issued certificate and the CA
+    /// bundle arrive some time after start-up); reports each new reason for waiting.
+    pub async fn load_when_complete(source: TlsSource, interval: Duration) -> Self {
+        let mut last = None::<String>;
+        loop {
+            match Self::load(source.clone()) {
+                Ok(tls) => return tls,
+                Err(e) => {
+                    let message = e.to_string();
+                    if last.as_deref() != Some(message.as_str()) {
+                        tracing::info!(reason = %message, "waiting for the TLS material before serving");
+                    }
+                    last = Some(message);
+                }
+            }
+            tokio::time::sleep(interval).await;
+        }
     }
 
     /// The configuration for the next connection.
@@ -140,12 +214,12 @@ impl ReloadingTls {
 
     /// Re-reads the files; true when a new configuration took effect.
     pub fn reload_if_changed(&self) -> Result<bool, AuthError> {
-        let material = self.files.read()?;
+        let material = self.source.read()?;
         let mut loaded = self.loaded.lock().unwrap_or_else(|p| p.into_inner());
         if *loaded == material {
             return Ok(false);
         }
-        let config = build_server_config(&self.files, &material)?;
+        let config = build_server_config(&self.source.files(), &material)?;
         *self.current.write().unwrap_or_else(|p| p.into_inner()) = config;
         *loaded = material;
         Ok(true)

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use isthmus_agent::auth::{Callers, DEFAULT_OPERATOR_IDENTITY, Identity, ReloadingTls};
+use isthmus_agent::auth::{Callers, DEFAULT_OPERATOR_IDENTITY, Identity, IssuedCertificate, ReloadingTls, TlsSource};
 use isthmus_agent::datapath::QueueBudget;
 use isthmus_agent::datapath::queue::{DEFAULT_BYTES_PER_DESTINATION, DEFAULT_BYTES_PER_POD};
 use isthmus_agent::metrics::Metrics;
@@ -71,6 +71,15 @@ impl From<DatapathArg> for DatapathChoice {
     }
 }
 
+/// `--tls-source`: where the serving certificate comes from.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum TlsSourceArg {
+    /// `ca.crt`, `tls.crt`, `tls.key` in --tls-dir.
+    Files,
+    /// A CertificateSigningRequest for this node (signed by the operator), trusting the CAs in --ca-file.
+    Csr,
+}
+
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum LogFormat {
     Json,
@@ -108,9 +117,16 @@ struct ServeArgs {
     /// Address of /healthz and /readyz (plain HTTP).
     #[arg(long, env = "ISTHMUS_HEALTH_LISTEN", default_value = "0.0.0.0:9464")]
     health_listen: SocketAddr,
-    /// Directory with ca.crt (the operator's CA), tls.crt and tls.key (the agent's serving certificate).
+    /// Where the serving certificate comes from.
+    #[arg(long, env = "ISTHMUS_TLS_SOURCE", value_enum, default_value = "files")]
+    tls_source: TlsSourceArg,
+    /// With `--tls-source files`: directory with ca.crt (the operator's CA), tls.crt and tls.key (the agent's
+    /// serving certificate, for its node's DNS name).
     #[arg(long, env = "ISTHMUS_TLS_DIR", default_value = "/etc/isthmus/tls")]
     tls_dir: PathBuf,
+    /// With `--tls-source csr`: the CA bundle the operator publishes (trusted for callers).
+    #[arg(long, env = "ISTHMUS_CA_FILE", default_value = "/etc/isthmus/ca/ca.crt")]
+    ca_file: PathBuf,
     /// The DNS SAN the operator's client certificate carries.
     #[arg(long, env = "ISTHMUS_OPERATOR_IDENTITY", default_value = DEFAULT_OPERATOR_IDENTITY)]
     operator_identity: String,
@@ -196,7 +212,20 @@ async fn serve(args: ServeArgs, common: CommonArgs) -> anyhow::Result<()> {
     };
     let queue_budget = QueueBudget::new(args.queue_bytes_per_destination, args.queue_bytes_per_pod)
         .context("--queue-bytes-per-destination / --queue-bytes-per-pod")?;
-    let tls = Arc::new(ReloadingTls::load(TlsFiles::in_dir(&args.tls_dir)).context("loading the TLS files")?);
+    // With files, a broken set stops the agent at once; an issued certificate is waited for below.
+    let (tls_source, files_tls) = match args.tls_source {
+        TlsSourceArg::Files => {
+            let source = TlsSource::Files(TlsFiles::in_dir(&args.tls_dir));
+            (source.clone(), Some(ReloadingTls::load(source).context("loading the TLS files")?))
+        }
+        TlsSourceArg::Csr => {
+            let certificate = Arc::new(IssuedCertificate::default());
+            let client = kube::Client::try_default().await.context("connecting to the Kubernetes API")?;
+            // Runs for the agent's lifetime, renewing the certificate; nothing waits for it.
+            drop(isthmus_agent::csr::spawn(client, node_name.clone(), certificate.clone()));
+            (TlsSource::Issued { ca: args.ca_file.clone(), certificate }, None)
+        }
+    };
     let metrics = Arc::new(Metrics::new());
 
     // Health first, so that liveness holds while the kernel is probed and installed trees are adopted.
@@ -230,7 +259,12 @@ async fn serve(args: ServeArgs, common: CommonArgs) -> anyhow::Result<()> {
     )
     .await
     .context("starting the node (adopting installed trees)")?;
-    let _reload = tls.clone().watch(Duration::from_secs(args.tls_reload_seconds.max(1)));
+    let reload_interval = Duration::from_secs(args.tls_reload_seconds.max(1));
+    let tls = Arc::new(match files_tls {
+        Some(tls) => tls,
+        None => ReloadingTls::load_when_complete(tls_source, reload_interval).await,
+    });
+    let _reload = tls.clone().watch(reload_interval);
     let _resync = (args.resync_seconds > 0).then(|| node.spawn_resync(Duration::from_secs(args.resync_seconds)));
 
     let tcp = tokio::net::TcpListener::bind(args.listen)

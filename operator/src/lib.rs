@@ -18,6 +18,7 @@ pub mod gate;
 pub mod index;
 pub mod leader;
 pub mod metrics;
+pub mod pki;
 pub mod plan;
 pub mod telemetry;
 pub mod uninstall;

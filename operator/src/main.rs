@@ -2,20 +2,21 @@
 //! node's plan.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Parser;
-use isthmus_agent_api::client::{AgentClient, ClientConfig, TlsFiles};
+use isthmus_agent_api::client::{AgentClient, ClientConfig};
 use isthmus_operator::controller::nodes::DispatchConfig;
 use isthmus_operator::controller::version::Backoff;
 use isthmus_operator::controller::watch::AgentSelector;
 use isthmus_operator::controller::{self, Config, Context};
 use isthmus_operator::leader::{Election, LeaderConfig};
 use isthmus_operator::metrics::Metrics;
+use isthmus_operator::pki::signer::{self, SignerConfig};
+use isthmus_operator::pki::store::{Pki, PkiConfig};
 use isthmus_operator::plan::{DEFAULT_DESTINATIONS_PER_LINK, DEFAULT_DESTINATIONS_PER_POD, PlanLimits};
 use isthmus_operator::telemetry::{self, HttpState, LogFormat};
 use kube::runtime::events::{Recorder, Reporter};
@@ -28,16 +29,40 @@ struct Args {
     /// TCP port of the agents' API on each agent pod's IP.
     #[arg(long, env = "ISTHMUS_AGENT_PORT", default_value_t = 9443)]
     agent_port: u16,
-    /// Directory with the operator's client identity for the agents: `ca.crt`, `tls.crt`, `tls.key` (a mounted
-    /// `kubernetes.io/tls` Secret). The individual paths below override it.
-    #[arg(long, env = "ISTHMUS_AGENT_TLS_DIR", default_value = "/var/run/isthmus/agent-client")]
-    agent_tls_dir: PathBuf,
-    #[arg(long, env = "ISTHMUS_AGENT_CA")]
-    agent_ca: Option<PathBuf>,
-    #[arg(long, env = "ISTHMUS_AGENT_CERT")]
-    agent_cert: Option<PathBuf>,
-    #[arg(long, env = "ISTHMUS_AGENT_KEY")]
-    agent_key: Option<PathBuf>,
+    /// The Secret (in POD_NAMESPACE) holding the isthmus CA; created by the operator when absent.
+    #[arg(long, env = "ISTHMUS_CA_SECRET", default_value = "isthmus-ca")]
+    ca_secret: String,
+    /// The ConfigMap (in POD_NAMESPACE) publishing the CA certificates to the agents (`ca.crt`).
+    #[arg(long, env = "ISTHMUS_CA_BUNDLE", default_value = "isthmus-ca-bundle")]
+    ca_bundle: String,
+    /// Lifetime of a CA, in days.
+    #[arg(long, env = "ISTHMUS_CA_VALIDITY_DAYS", default_value_t = 3650)]
+    ca_validity_days: u64,
+    /// A new CA is made once the newest has less than this left, in days; the old one stays trusted until it
+    /// expires.
+    #[arg(long, env = "ISTHMUS_CA_RENEW_BEFORE_DAYS", default_value_t = 30)]
+    ca_renew_before_days: u64,
+    /// Lifetime of the operator's, the agents' and the scraper's certificates, in hours (each is renewed after
+    /// two thirds of it).
+    #[arg(long, env = "ISTHMUS_CERTIFICATE_VALIDITY_HOURS", default_value_t = 168)]
+    certificate_validity_hours: u64,
+    /// The DNS SAN of the operator's client certificate, which every agent requires.
+    #[arg(
+        long,
+        env = "ISTHMUS_OPERATOR_IDENTITY",
+        default_value = "isthmus-operator.isthmus-system.serviceaccount.isthmus"
+    )]
+    operator_identity: String,
+    /// The Secret (in POD_NAMESPACE) the operator writes the metrics scraper's certificate into; empty: none.
+    #[arg(long, env = "ISTHMUS_SCRAPER_SECRET", default_value = "")]
+    scraper_secret: String,
+    /// The DNS SAN of the metrics scraper's certificate.
+    #[arg(long, env = "ISTHMUS_SCRAPER_IDENTITY", default_value = "")]
+    scraper_identity: String,
+    /// The agents' ServiceAccount (in the agents' namespace): the only requester whose certificate requests are
+    /// signed.
+    #[arg(long, env = "ISTHMUS_AGENT_SERVICE_ACCOUNT", default_value = "isthmus-agent")]
+    agent_service_account: String,
     /// Label selector of the agent pods.
     #[arg(long, env = "ISTHMUS_AGENT_SELECTOR", default_value = "app.kubernetes.io/name=isthmus-agent")]
     agent_selector: String,
@@ -96,14 +121,29 @@ async fn main() -> anyhow::Result<()> {
     }
 
     let config = args.controller_config()?;
-    let agent_client = args.agent_client()?;
+    let pki_config = args.pki_config()?;
     let client = kube::Client::try_default().await.context("connecting to the Kubernetes API")?;
+    let pki = Pki::start(&client, pki_config).await.context("loading or creating the isthmus CA")?;
+    let agent_client = Arc::new(AgentClient::new(ClientConfig::with_credentials(pki.credentials.clone())));
     let identity = args.identity();
     let metrics = Arc::new(Metrics::new());
     let ready = Arc::new(AtomicBool::new(false));
 
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
     let leadership = args.leadership(&client, &identity).await?;
+    let upkeep = pki.clone().spawn_refresh(
+        client.clone(),
+        leadership.leader.clone(),
+        shutdown_rx.clone(),
+        Duration::from_secs(60),
+    );
+    let signer = tokio::spawn(signer::run(
+        client.clone(),
+        pki,
+        args.signer_config(),
+        leadership.leader.clone(),
+        shutdown_rx.clone(),
+    ));
     let http =
         serve_http(args.metrics_addr, HttpState { metrics: metrics.clone(), ready: ready.clone() }, &shutdown_rx)
             .await?;
@@ -126,6 +166,7 @@ async fn main() -> anyhow::Result<()> {
     tracing::info!("shutting down");
     let _ = shutdown_tx.send(true);
     let _ = controller.await;
+    let _ = tokio::join!(upkeep, signer);
     leadership.release().await;
     match http.await {
         Ok(Err(e)) => tracing::warn!(error = %e, "metrics server"),
@@ -163,14 +204,50 @@ impl Leadership {
 }
 
 impl Args {
-    fn agent_client(&self) -> anyhow::Result<Arc<AgentClient>> {
-        let files = TlsFiles {
-            ca: self.agent_ca.clone().unwrap_or_else(|| self.agent_tls_dir.join("ca.crt")),
-            cert: self.agent_cert.clone().unwrap_or_else(|| self.agent_tls_dir.join("tls.crt")),
-            key: self.agent_key.clone().unwrap_or_else(|| self.agent_tls_dir.join("tls.key")),
+    fn pki_config(&self) -> anyhow::Result<PkiConfig> {
+        const DAY: u64 = 86_400;
+        if self.ca_validity_days == 0 || self.ca_renew_before_days * 2 > self.ca_validity_days {
+            anyhow::bail!(
+                "--ca-renew-before-days ({}) must be at most half of --ca-validity-days ({}), so that a CA and its \
+                 successor overlap at most two at a time",
+                self.ca_renew_before_days,
+                self.ca_validity_days
+            );
+        }
+        if self.certificate_validity_hours == 0 || self.certificate_validity_hours > self.ca_renew_before_days * 24 {
+            anyhow::bail!(
+                "--certificate-validity-hours ({}) must be between 1 and --ca-renew-before-days in hours ({}): a \
+                 certificate must be renewed from the new CA before the old one expires",
+                self.certificate_validity_hours,
+                self.ca_renew_before_days * 24
+            );
+        }
+        let scraper = match (self.scraper_secret.as_str(), self.scraper_identity.as_str()) {
+            ("", _) => None,
+            (_, "") => anyhow::bail!("--scraper-secret needs --scraper-identity"),
+            (secret, identity) => Some((secret.to_owned(), identity.to_owned())),
         };
-        let client_config = ClientConfig::new(files).context("loading the agent client identity")?;
-        Ok(Arc::new(AgentClient::new(client_config)))
+        Ok(PkiConfig {
+            namespace: self.lease_namespace.clone(),
+            ca_secret: self.ca_secret.clone(),
+            bundle_configmap: self.ca_bundle.clone(),
+            operator_identity: self.operator_identity.clone(),
+            scraper,
+            ca_validity: Duration::from_secs(self.ca_validity_days * DAY),
+            renew_before: Duration::from_secs(self.ca_renew_before_days * DAY),
+            leaf_validity: Duration::from_secs(self.certificate_validity_hours * 3600),
+        })
+    }
+
+    fn signer_config(&self) -> SignerConfig {
+        SignerConfig {
+            agent_namespace: Some(self.agent_namespace.clone())
+                .filter(|n| !n.is_empty())
+                .unwrap_or_else(|| self.lease_namespace.clone()),
+            agent_service_account: self.agent_service_account.clone(),
+            agent_labels: self.agent_selector.clone(),
+            validity: Duration::from_secs(self.certificate_validity_hours * 3600),
+        }
     }
 
     fn identity(&self) -> String {

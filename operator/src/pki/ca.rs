@@ -1,0 +1,365 @@
+//! The isthmus CA as data: one or two authorities (the newest first; the previous one only while a rotation
+//! hands over), how they are written into the CA Secret, which one signs, when to rotate, and the
+//! certificates they issue. No I/O: the clock is an argument.
+
+use std::time::Duration;
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
+    KeyUsagePurpose, PKCS_ECDSA_P256_SHA256, SanType,
+};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use time::OffsetDateTime;
+
+/// How long a new CA is published (trusted by agents and the operator) before it signs anything: the CA bundle
+/// reaches agents through a ConfigMap volume, which kubelet refreshes within about a minute, and agents re-read
+/// it every few seconds.
+pub const PROPAGATION: Duration = Duration::from_secs(10 * 60);
+
+/// Clock skew tolerated between the operator and the agents: certificates start this much in the past.
+const SKEW: Duration = Duration::from_secs(5 * 60);
+
+/// One CA: its certificate and key.
+pub struct Authority {
+    /// The CA as an rcgen issuer (re-created from the stored certificate; same name and key).
+    issuer: rcgen::Certificate,
+    key: KeyPair,
+    pem: String,
+    pub not_before: OffsetDateTime,
+    pub not_after: OffsetDateTime,
+}
+
+impl std::fmt::Debug for Authority {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Authority").field("not_before", &self.not_before).field("not_after", &self.not_after).finish()
+    }
+}
+
+impl Authority {
+    /// A new CA (ECDSA P-256) valid from now for `validity`.
+    pub fn generate(now: OffsetDateTime, validity: Duration) -> Result<Self, PkiError> {
+        let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).map_err(PkiError::Generate)?;
+        let mut params = CertificateParams::default();
+        let mut name = DistinguishedName::new();
+        name.push(DnType::OrganizationName, "isthmus");
+        // Distinct names per generation, so that tools showing a chain tell the old CA from the new one.
+        name.push(DnType::CommonName, format!("isthmus CA {}", now.unix_timestamp()));
+        params.distinguished_name = name;
+        params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        params.not_before = now - SKEW;
+        params.not_after = now + validity;
+        let cert = params.self_signed(&key).map_err(PkiError::Generate)?;
+        Self::parse(&cert.pem(), &key.serialize_pem())
+    }
+
+    fn parse(cert_pem: &str, key_pem: &str) -> Result<Self, PkiError> {
+        let key = KeyPair::from_pem(key_pem).map_err(|e| PkiError::Stored(format!("CA key: {e}")))?;
+        let params = CertificateParams::from_ca_cert_pem(cert_pem)
+            .map_err(|e| PkiError::Stored(format!("CA certificate: {e}")))?;
+        if !matches!(params.is_ca, IsCa::Ca(_)) {
+            return Err(PkiError::Stored("CA certificate: not a CA (basicConstraints)".into()));
+        }
+        let (not_before, not_after) = (params.not_before, params.not_after);
+        // The issuer rcgen signs with: the stored name, key usages and key identifier, and the stored key.
+        let issuer = params.self_signed(&key).map_err(|e| PkiError::Stored(format!("CA certificate and key: {e}")))?;
+        if issuer.params().distinguished_name.iter().count() == 0 {
+            return Err(PkiError::Stored("CA certificate: empty subject".into()));
+        }
+        let stored_key = CertificateDer::from_pem_slice(cert_pem.as_bytes())
+            .ok()
+            .and_then(|der| {
+                let parsed = x509_public_key(&der)?;
+                Some(parsed == key.public_key_raw())
+            })
+            .unwrap_or(false);
+        if !stored_key {
+            return Err(PkiError::Stored("the CA key does not belong to the CA certificate".into()));
+        }
+        Ok(Self { issuer, key, pem: cert_pem.trim_end().to_owned() + "\n", not_before, not_after })
+    }
+
+    pub fn pem(&self) -> &str {
+        &self.pem
+    }
+
+    fn key_pem(&self) -> String {
+        self.key.serialize_pem()
+    }
+
+    /// A leaf certificate signed by this CA for `params` (its validity capped at the CA's).
+    fn sign(&self, mut params: CertificateParams, public_key: &impl rcgen::PublicKeyData) -> Result<String, PkiError> {
+        params.not_after = params.not_after.min(self.not_after);
+        params.use_authority_key_identifier_extension = true;
+        params.signed_by(public_key, &self.issuer, &self.key).map(|c| c.pem()).map_err(PkiError::Sign)
+    }
+}
+
+/// The subject public key bytes of a DER certificate.
+fn x509_public_key(der: &CertificateDer<'_>) -> Option<Vec<u8>> {
+    use x509_parser::prelude::FromDer;
+    let (_, cert) = x509_parser::certificate::X509Certificate::from_der(der).ok()?;
+    Some(cert.public_key().subject_public_key.data.to_vec())
+}
+
+/// The CAs in force, newest first (at most two: the previous one while it hands over).
+#[derive(Debug)]
+pub struct CaSet {
+    authorities: Vec<Authority>,
+}
+
+/// The CA Secret's keys: every CA certificate and every CA key, PEM, in the same order (newest first).
+pub const SECRET_CERTS: &str = "ca.crt";
+pub const SECRET_KEYS: &str = "ca.key";
+
+impl CaSet {
+    pub fn new(first: Authority) -> Self {
+        Self { authorities: vec![first] }
+    }
+
+    /// From the Secret's two PEM strings; certificates and keys pair up in order.
+    pub fn from_pem(certs: &str, keys: &str) -> Result<Self, PkiError> {
+        let cert_blocks = pem_blocks(certs, "CERTIFICATE");
+        let key_blocks = pem_blocks(keys, "PRIVATE KEY");
+        if cert_blocks.is_empty() || cert_blocks.len() != key_blocks.len() {
+            return Err(PkiError::Stored(format!(
+                "{SECRET_CERTS} holds {} certificates and {SECRET_KEYS} {} keys; they must pair up (at least one)",
+                cert_blocks.len(),
+                key_blocks.len()
+            )));
+        }
+        let authorities =
+            cert_blocks.iter().zip(&key_blocks).map(|(c, k)| Authority::parse(c, k)).collect::<Result<Vec<_>, _>>()?;
+        Ok(Self { authorities })
+    }
+
+    /// The Secret's contents: (certificates, keys).
+    pub fn to_pem(&self) -> (String, String) {
+        let certs = self.authorities.iter().map(Authority::pem).collect();
+        let keys = self.authorities.iter().map(Authority::key_pem).collect();
+        (certs, keys)
+    }
+
+    /// Every CA certificate in force: what agents and the operator trust (the ConfigMap's `ca.crt`).
+    pub fn bundle(&self) -> String {
+        self.authorities.iter().map(Authority::pem).collect()
+    }
+
+    pub fn roots(&self) -> Result<rustls::RootCertStore, PkiError> {
+        let mut roots = rustls::RootCertStore::empty();
+        for authority in &self.authorities {
+            let der = CertificateDer::from_pem_slice(authority.pem.as_bytes())
+                .map_err(|e| PkiError::Stored(format!("CA certificate: {e}")))?;
+            roots.add(der).map_err(|e| PkiError::Stored(format!("CA certificate: {e}")))?;
+        }
+        Ok(roots)
+    }
+
+    /// The CA that signs at `now`: the newest one once it has been published for [`PROPAGATION`], before that
+    /// the previous one (a single CA, as at installation, signs at once).
+    pub fn signing(&self, now: OffsetDateTime) -> &Authority {
+        self.authorities
+            .iter()
+            .find(|a| a.not_before + SKEW + PROPAGATION <= now)
+            .unwrap_or_else(|| self.authorities.last().expect("a CaSet is never empty"))
+    }
+
+    /// The set after rotation at `now`, or None when nothing changes: a new CA when the newest has less than
+    /// `renew_before` left, and the previous one dropped once it has expired.
+    pub fn rotate(
+        &self,
+        now: OffsetDateTime,
+        validity: Duration,
+        renew_before: Duration,
+    ) -> Result<Option<Self>, PkiError> {
+        let newest = &self.authorities[0];
+        let renew = newest.not_after - renew_before <= now;
+        let expired = self.authorities.iter().any(|a| a.not_after <= now);
+        if !renew && !expired {
+            return Ok(None);
+        }
+        let mut kept: Vec<Authority> = Vec::new();
+        if renew {
+            kept.push(Authority::generate(now, validity)?);
+        }
+        for a in &self.authorities {
+            if a.not_after > now && kept.len() < 2 {
+                kept.push(Authority::parse(&a.pem, &a.key_pem())?);
+            }
+        }
+        Ok(Some(Self { authorities: kept }))
+    }
+
+    /// A client certificate for `identity` (its DNS SAN) with a fresh key: (certificate PEM, key PEM).
+    pub fn issue_client(
+        &self,
+        identity: &str,
+        now: OffsetDateTime,
+        validity: Duration,
+    ) -> Result<(String, String), PkiError> {
+        let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).map_err(PkiError::Generate)?;
+        let params = leaf(identity, ExtendedKeyUsagePurpose::ClientAuth, now, validity)?;
+        let cert = self.signing(now).sign(params, &key)?;
+        Ok((cert, key.serialize_pem()))
+    }
+
+    /// An agent's serving certificate for `dns_name` over the public key of its request. Nothing else of the
+    /// request is copied: the names, usages and lifetime are the signer's.
+    pub fn sign_serving(
+        &self,
+        public_key: &rcgen::PublicKey,
+        dns_name: &str,
+        now: OffsetDateTime,
+        validity: Duration,
+    ) -> Result<String, PkiError> {
+        let params = leaf(dns_name, ExtendedKeyUsagePurpose::ServerAuth, now, validity)?;
+        self.signing(now).sign(params, public_key)
+    }
+}
+
+fn leaf(
+    dns_name: &str,
+    usage: ExtendedKeyUsagePurpose,
+    now: OffsetDateTime,
+    validity: Duration,
+) -> Result<CertificateParams, PkiError> {
+    let mut params = CertificateParams::default();
+    params.distinguished_name.push(DnType::CommonName, dns_name);
+    params.subject_alt_names =
+        vec![SanType::DnsName(dns_name.try_into().map_err(|_| PkiError::Name(dns_name.to_owned()))?)];
+    params.is_ca = IsCa::ExplicitNoCa;
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    params.extended_key_usages = vec![usage];
+    params.not_before = now - SKEW;
+    params.not_after = now + validity;
+    Ok(params)
+}
+
+/// The PEM blocks of one label in `text`, each re-encoded on its own.
+fn pem_blocks(text: &str, label: &str) -> Vec<String> {
+    let begin = format!("-----BEGIN {label}-----");
+    let end = format!("-----END {label}-----");
+    let mut blocks = Vec::new();
+    let mut rest = text;
+    while let Some(start) = rest.find(&begin) {
+        let Some(stop) = rest[start..].find(&end) else { break };
+        let stop = start + stop + end.len();
+        blocks.push(format!("{}\n", &rest[start..stop]));
+        rest = &rest[stop..];
+    }
+    blocks
+}
+
+/// A private key PEM as rustls takes it.
+pub fn private_key(pem: &str) -> Result<PrivateKeyDer<'static>, PkiError> {
+    PrivateKeyDer::from_pem_slice(pem.as_bytes()).map_err(|e| PkiError::Stored(format!("private key: {e}")))
+}
+
+/// A certificate chain PEM as rustls takes it.
+pub fn certificates(pem: &str) -> Result<Vec<CertificateDer<'static>>, PkiError> {
+    CertificateDer::pem_slice_iter(pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| PkiError::Stored(format!("certificate: {e}")))
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PkiError {
+    #[error("generating a key or certificate: {0}")]
+    Generate(rcgen::Error),
+    #[error("signing a certificate: {0}")]
+    Sign(rcgen::Error),
+    #[error("the stored CA is unusable: {0}")]
+    Stored(String),
+    #[error("{0:?} is not a DNS name")]
+    Name(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    const DAY: Duration = Duration::from_secs(86_400);
+
+    fn at(days: i64) -> OffsetDateTime {
+        OffsetDateTime::from_unix_timestamp(1_900_000_000).unwrap() + time::Duration::days(days)
+    }
+
+    #[test]
+    fn a_ca_survives_the_secret_round_trip_and_signs_what_it_trusts() {
+        let set = CaSet::new(Authority::generate(at(0), 365 * DAY).unwrap());
+        let (certs, keys) = set.to_pem();
+        let back = CaSet::from_pem(&certs, &keys).unwrap();
+        assert_eq!(back.bundle(), set.bundle());
+        let (cert, key) = back.issue_client("op.ns.serviceaccount.isthmus", at(1), DAY).unwrap();
+        assert!(certificates(&cert).is_ok() && private_key(&key).is_ok());
+        // Chains to the original CA (checked by rustls in the agent's tests; here: parsable and issued by it).
+        let der = certificates(&cert).unwrap().remove(0);
+        let (_, parsed) = x509_parser::parse_x509_certificate(&der).unwrap();
+        assert!(parsed.issuer().to_string().contains("isthmus CA"));
+        assert!(!parsed.is_ca());
+    }
+
+    #[test]
+    fn mismatched_or_missing_stored_material_is_refused() {
+        let a = Authority::generate(at(0), DAY).unwrap();
+        let b = Authority::generate(at(0), DAY).unwrap();
+        assert!(
+            matches!(CaSet::from_pem(a.pem(), &b.key_pem()), Err(PkiError::Stored(m)) if m.contains("does not belong"))
+        );
+        assert!(matches!(CaSet::from_pem(a.pem(), ""), Err(PkiError::Stored(m)) if m.contains("pair up")));
+        assert!(matches!(CaSet::from_pem("", ""), Err(PkiError::Stored(_))));
+    }
+
+    #[test]
+    fn rotation_adds_a_ca_before_expiry_signs_with_it_after_propagation_and_drops_the_expired_one() {
+        let set = CaSet::new(Authority::generate(at(0), 100 * DAY).unwrap());
+        assert!(set.rotate(at(69), 100 * DAY, 30 * DAY).unwrap().is_none(), "31 days left: nothing to do");
+        let rotated = set.rotate(at(71), 100 * DAY, 30 * DAY).unwrap().expect("29 days left: a new CA");
+        assert_eq!(rotated.authorities.len(), 2);
+        assert_eq!(rotated.authorities[1].pem(), set.authorities[0].pem(), "the old CA stays trusted");
+        let young = at(71) + time::Duration::minutes(1);
+        assert_eq!(rotated.signing(young).pem(), set.authorities[0].pem(), "the new CA is not yet everywhere");
+        let later = at(71) + time::Duration::minutes(20);
+        assert_eq!(rotated.signing(later).pem(), rotated.authorities[0].pem(), "published long enough: it signs");
+        let pruned = rotated.rotate(at(101), 100 * DAY, 30 * DAY).unwrap().expect("the old CA expired");
+        assert_eq!(pruned.authorities.len(), 1);
+        assert_eq!(pruned.authorities[0].pem(), rotated.authorities[0].pem());
+        // A leaf never outlives its CA.
+        let (cert, _) = set.issue_client("x.isthmus", at(99), 30 * DAY).unwrap();
+        let der = certificates(&cert).unwrap().remove(0);
+        let (_, parsed) = x509_parser::parse_x509_certificate(&der).unwrap();
+        assert!(parsed.validity().not_after.timestamp() <= set.authorities[0].not_after.unix_timestamp());
+    }
+
+    /// What the signer issues, checked by rustls as the operator's client checks it: node-a's certificate is
+    /// valid for node-a's name and refused for node-b's; the operator's certificate is no serving certificate.
+    #[test]
+    fn a_serving_certificate_is_valid_for_its_node_only() {
+        use rustls::client::danger::ServerCertVerifier;
+        use rustls::pki_types::{ServerName, UnixTime};
+        let set = CaSet::new(Authority::generate(OffsetDateTime::now_utc(), 365 * DAY).unwrap());
+        let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).unwrap();
+        let csr =
+            CertificateParams::new(vec!["node-a.node.isthmus".to_owned()]).unwrap().serialize_request(&key).unwrap();
+        let public_key = rcgen::CertificateSigningRequestParams::from_der(csr.der()).unwrap().public_key;
+        let cert = set.sign_serving(&public_key, "node-a.node.isthmus", OffsetDateTime::now_utc(), DAY).unwrap();
+        let provider = isthmus_agent_api::tls::crypto_provider();
+        let verifier =
+            rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(set.roots().unwrap()), provider)
+                .build()
+                .unwrap();
+        let der = certificates(&cert).unwrap().remove(0);
+        let check = |name: &str, der: &CertificateDer<'_>| {
+            verifier.verify_server_cert(der, &[], &ServerName::try_from(name.to_owned()).unwrap(), &[], UnixTime::now())
+        };
+        assert!(check("node-a.node.isthmus", &der).is_ok());
+        let wrong = check("node-b.node.isthmus", &der).unwrap_err();
+        assert!(wrong.to_string().contains("not valid for name"), "{wrong}");
+        let (operator, _) = set.issue_client("node-a.node.isthmus", OffsetDateTime::now_utc(), DAY).unwrap();
+        let operator = certificates(&operator).unwrap().remove(0);
+        assert!(check("node-a.node.isthmus", &operator).is_err(), "a client certificate is no serving certificate");
+    }
+}
