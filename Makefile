@@ -91,7 +91,7 @@ operator-it: ## operator integration tests (CRD, finalizer, status, leader hand-
 # ---- Helm chart and examples (each starts its own control-plane-only cluster, ~10 s, and tears it down)
 .PHONY: chart-lint examples-validate
 
-chart-lint: ## helm lint/template of charts/isthmus against a real 1.34 API server; CRD copy, schema, upgrade keeps certs, agent mTLS
+chart-lint: ## helm lint/template of charts/isthmus against a real 1.34 API server; CRD copy, schema, no CA key rendered, the operator as CA and signer with the real agent
 	charts/isthmus/tests/lint.sh
 
 examples-validate: ## every examples/*.yaml through kubectl apply --dry-run=server with the NetworkLink CRD installed

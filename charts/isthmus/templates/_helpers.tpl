@@ -48,10 +48,15 @@ The operator's identity towards the agents: the DNS SAN of its client certificat
 {{- printf "%s.%s.serviceaccount.isthmus" (include "isthmus.operator.serviceAccount" .) .Release.Namespace -}}
 {{- end -}}
 
+{{/*
+Objects the operator creates and maintains through the API (never rendered: a CA key in a rendered Secret would
+sit in every Helm release revision): the CA Secret, the CA bundle the agents mount, the scraper's client Secret.
+*/}}
 {{- define "isthmus.secret.ca" -}}{{ include "isthmus.fullname" . }}-ca{{- end -}}
-{{- define "isthmus.secret.agent" -}}{{ include "isthmus.fullname" . }}-agent-tls{{- end -}}
-{{- define "isthmus.secret.operator" -}}{{ include "isthmus.fullname" . }}-operator-tls{{- end -}}
+{{- define "isthmus.configmap.caBundle" -}}{{ include "isthmus.fullname" . }}-ca-bundle{{- end -}}
 {{- define "isthmus.secret.scraper" -}}{{ include "isthmus.fullname" . }}-metrics-scraper-tls{{- end -}}
+{{/* The signer of the agents' serving certificates (isthmus_agent_api::identity::AGENT_SIGNER_NAME). */}}
+{{- define "isthmus.signerName" -}}isthmus.dev/agent-serving{{- end -}}
 
 {{/*
 The identity that may read the agents' /metrics (on the API port, mutual TLS) and nothing else:
@@ -75,63 +80,4 @@ The identity that may read the agents' /metrics (on the API port, mutual TLS) an
 {{- $pairs = append $pairs (printf "%s=%s" $k $v) -}}
 {{- end -}}
 {{- join "," $pairs -}}
-{{- end -}}
-
-{{/*
-The CA and the two leaf certificates, as YAML (call once per render: generation is random).
-
-Stable across `helm upgrade`: the existing Secrets are read back with `lookup` and reused as long as
-- the CA Secret exists and is valid for more than tls.renewBeforeDays (else a new CA, hence new leaves);
-- a leaf Secret was signed by that CA (its ca.crt matches), carries the expected identity (annotation), and is
-  valid for more than tls.renewBeforeDays.
-`helm template` and client-side dry runs cannot look up, so they always show freshly generated material.
-Rotation: delete the Secret(s) and run `helm upgrade`; agents and operator re-read the files without restarting.
-*/}}
-{{- define "isthmus.tls.material" -}}
-{{- $ns := .Release.Namespace -}}
-{{- $days := int .Values.tls.validityDays -}}
-{{- $now := now | unixEpoch | int64 -}}
-{{- $horizon := add $now (mul (int .Values.tls.renewBeforeDays) 86400) -}}
-{{- $notAfter := add $now (mul $days 86400) | toString -}}
-{{- $ca := dict -}}
-{{- $caOut := dict -}}
-{{- $old := lookup "v1" "Secret" $ns (include "isthmus.secret.ca" .) -}}
-{{- $oldAnn := dig "metadata" "annotations" dict $old -}}
-{{- if and $old (gt (int64 (get $oldAnn "isthmus.dev/not-after" | default "0")) $horizon) (hasKey (dig "data" dict $old) "tls.key") -}}
-{{- $ca = buildCustomCert (index $old.data "tls.crt") (index $old.data "tls.key") -}}
-{{- $_ := set $caOut "notAfter" (get $oldAnn "isthmus.dev/not-after") -}}
-{{- else -}}
-{{- $ca = genCA "isthmus-ca" $days -}}
-{{- $_ := set $caOut "notAfter" $notAfter -}}
-{{- end -}}
-{{- $_ := set $caOut "crt" $ca.Cert -}}
-{{- $_ := set $caOut "key" $ca.Key -}}
-{{- $out := dict "ca" $caOut -}}
-{{- $leaves := list
-      (list "agent" (include "isthmus.secret.agent" .) .Values.tls.agentServerName)
-      (list "operator" (include "isthmus.secret.operator" .) (include "isthmus.operator.identity" .))
-      (list "scraper" (include "isthmus.secret.scraper" .) (include "isthmus.scraper.identity" .)) -}}
-{{- range $leaves -}}
-{{- $role := index . 0 -}}
-{{- $identity := index . 2 -}}
-{{- $leaf := dict "identity" $identity -}}
-{{- $prev := lookup "v1" "Secret" $ns (index . 1) -}}
-{{- $prevAnn := dig "metadata" "annotations" dict $prev -}}
-{{- $prevData := dig "data" dict $prev -}}
-{{- if and $prev
-      (eq (get $prevData "ca.crt") (b64enc $ca.Cert))
-      (eq (get $prevAnn "isthmus.dev/identity") $identity)
-      (gt (int64 (get $prevAnn "isthmus.dev/not-after" | default "0")) $horizon) -}}
-{{- $_ := set $leaf "crt" (get $prevData "tls.crt" | b64dec) -}}
-{{- $_ := set $leaf "key" (get $prevData "tls.key" | b64dec) -}}
-{{- $_ := set $leaf "notAfter" (get $prevAnn "isthmus.dev/not-after") -}}
-{{- else -}}
-{{- $cert := genSignedCert $identity nil (list $identity) $days $ca -}}
-{{- $_ := set $leaf "crt" $cert.Cert -}}
-{{- $_ := set $leaf "key" $cert.Key -}}
-{{- $_ := set $leaf "notAfter" $notAfter -}}
-{{- end -}}
-{{- $_ := set $out $role $leaf -}}
-{{- end -}}
-{{- toYaml $out -}}
 {{- end -}}

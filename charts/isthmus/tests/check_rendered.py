@@ -18,7 +18,7 @@ def main():
     for d in docs:
         by_kind.setdefault(d["kind"], []).append(d)
 
-    # RBAC: no wildcards anywhere; the agent has no binding at all.
+    # RBAC: no wildcards anywhere; the agent is bound to its one ClusterRole only.
     for kind in ("ClusterRole", "Role"):
         for role in by_kind.get(kind, []):
             for rule in role.get("rules", []):
@@ -36,6 +36,10 @@ def main():
         ("", "pods/status"): ["patch"],
         ("", "nodes"): ["get", "list", "watch"],
         ("events.k8s.io", "events"): ["create", "patch"],
+        ("certificates.k8s.io", "certificatesigningrequests"): ["get", "list", "watch"],
+        ("certificates.k8s.io", "certificatesigningrequests/approval"): ["update"],
+        ("certificates.k8s.io", "certificatesigningrequests/status"): ["update"],
+        ("certificates.k8s.io", "signers"): ["approve", "sign"],
     }
     (cluster_role,) = [r for r in by_kind["ClusterRole"] if r["metadata"]["name"].endswith("-operator")]
     rendered = {}
@@ -48,10 +52,18 @@ def main():
     for key in sorted(set(rendered) | set(expected)):
         check(rendered.get(key) == expected.get(key),
               f"operator ClusterRole: {key[0] or 'core'}/{key[1]} verbs {rendered.get(key)}, expected {expected.get(key)}")
-    for kind in ("ClusterRoleBinding", "RoleBinding"):
-        for b in by_kind.get(kind, []):
-            for s in b["subjects"]:
-                check(not s["name"].endswith("-agent"), f"{kind} {b['metadata']['name']} binds the agent")
+    signer_rules = [r for r in cluster_role["rules"] if "signers" in r["resources"]]
+    check([r.get("resourceNames") for r in signer_rules] == [["isthmus.dev/agent-serving"]],
+          "operator ClusterRole: approve/sign only for the signer isthmus.dev/agent-serving")
+    # The agent: one ClusterRole, exactly create and get on CertificateSigningRequests (its own certificate).
+    agent_bindings = [b for kind in ("ClusterRoleBinding", "RoleBinding") for b in by_kind.get(kind, [])
+                      if any(s["name"].endswith("-agent") for s in b["subjects"])]
+    check(len(agent_bindings) == 1 and agent_bindings[0]["kind"] == "ClusterRoleBinding",
+          f"the agent has exactly one binding, a ClusterRoleBinding: {[b['metadata']['name'] for b in agent_bindings]}")
+    if agent_bindings:
+        (agent_role,) = [r for r in by_kind["ClusterRole"] if r["metadata"]["name"] == agent_bindings[0]["roleRef"]["name"]]
+        check(agent_role["rules"] == [{"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests"],
+                                       "verbs": ["create", "get"]}], f"agent ClusterRole rules: {agent_role['rules']}")
 
     (ds,) = by_kind["DaemonSet"]
     (dep,) = by_kind["Deployment"]
@@ -59,7 +71,7 @@ def main():
     (agent,) = pod["containers"]
     sc = agent["securityContext"]
     check(pod.get("hostPID") is True and pod.get("hostNetwork") is True, "agent: hostPID and hostNetwork")
-    check(pod.get("automountServiceAccountToken") is False, "agent: no API token")
+    check(pod.get("automountServiceAccountToken") is True, "agent: a pod-bound token (for its certificate request)")
     check(sc.get("privileged") is False, "agent: not privileged")
     check(sc.get("readOnlyRootFilesystem") is True, "agent: read-only root")
     caps = ["NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE"] if variant == "tc" else ["NET_ADMIN", "NET_RAW", "SYS_ADMIN", "SYS_PTRACE"]
@@ -96,22 +108,37 @@ def main():
     check((openv["ISTHMUS_MAX_DESTINATIONS_PER_LINK"], openv["ISTHMUS_MAX_DESTINATIONS_PER_POD"]) == ("512", "1024"),
           "operator: plan limits as whole numbers")
 
-    # Certificates: the agent's SAN is what the operator verifies, the operator's SAN what the agent requires.
-    secrets = {s["metadata"]["name"]: s for s in by_kind["Secret"]}
-    def san_of(secret):
-        pem = base64.b64decode(secret["data"]["tls.crt"])
-        with tempfile.NamedTemporaryFile() as f:
-            f.write(pem); f.flush()
-            out = subprocess.check_output(["openssl", "x509", "-in", f.name, "-noout", "-ext", "subjectAltName"], text=True)
-        return [x.strip()[4:] for x in out.splitlines()[1].split(",") if x.strip().startswith("DNS:")]
-    agent_secret = next(v["secret"]["secretName"] for v in pod["volumes"] if v["name"] == "tls")
-    op_secret = next(v["secret"]["secretName"] for v in opod["volumes"] if v["name"] == "agent-client")
-    check(san_of(secrets[agent_secret]) == [openv["ISTHMUS_AGENT_SERVER_NAME"]], "agent certificate SAN = operator's server name")
-    check(san_of(secrets[op_secret]) == [env["ISTHMUS_OPERATOR_IDENTITY"]["value"]], "operator certificate SAN = agent's operator identity")
+    # Identities: what the operator issues is what the agents require, and the bundle it publishes is the one
+    # the agents mount.
     sa = opod["serviceAccountName"]
     ns = dep["metadata"]["namespace"]
     check(env["ISTHMUS_OPERATOR_IDENTITY"]["value"] == f"{sa}.{ns}.serviceaccount.isthmus", "identity names the operator's ServiceAccount")
-    check(secrets[agent_secret]["data"]["ca.crt"] == secrets[op_secret]["data"]["ca.crt"], "one CA for both sides")
+    check(openv["ISTHMUS_OPERATOR_IDENTITY"] == env["ISTHMUS_OPERATOR_IDENTITY"]["value"], "operator issues the identity agents require")
+    check(openv["ISTHMUS_SCRAPER_IDENTITY"] == env["ISTHMUS_SCRAPER_IDENTITY"]["value"], "operator issues the scraper identity agents accept")
+    check(env["ISTHMUS_TLS_SOURCE"]["value"] == "csr", "agent: serving certificate from the CSR API")
+    (bundle,) = [v for v in pod["volumes"] if v["name"] == "ca-bundle"]
+    check(bundle["configMap"] == {"name": openv["ISTHMUS_CA_BUNDLE"], "optional": True}, "agent mounts the operator's CA bundle (optional)")
+    check(openv["ISTHMUS_AGENT_SERVICE_ACCOUNT"] == pod["serviceAccountName"], "operator signs for the agents' ServiceAccount")
+    (pki,) = [r for r in by_kind["Role"] if r["metadata"]["name"].endswith("-operator-pki")]
+    named = sorted(n for r in pki["rules"] for n in r.get("resourceNames", []))
+    check(named == sorted([openv["ISTHMUS_CA_SECRET"], openv["ISTHMUS_SCRAPER_SECRET"], openv["ISTHMUS_CA_BUNDLE"]]),
+          f"operator PKI Role names exactly its CA Secret, scraper Secret and bundle: {named}")
+    for r in pki["rules"]:
+        check(r["verbs"] == ["create"] or r.get("resourceNames"), f"operator PKI Role: {r} not limited to names")
+
+    # No rendered Secret holds a CA's private key (it would sit in every Helm release revision).
+    for secret in by_kind.get("Secret", []):
+        name = secret["metadata"]["name"]
+        values = {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
+        values.update({k: v.encode() for k, v in (secret.get("stringData") or {}).items()})
+        has_key = any(b"PRIVATE KEY" in v for v in values.values())
+        check(not any(k.startswith("ca") and k.endswith(".key") for k in values), f"Secret {name}: a CA key entry")
+        for k, v in values.items():
+            if has_key and b"BEGIN CERTIFICATE" in v:
+                with tempfile.NamedTemporaryFile() as f:
+                    f.write(v); f.flush()
+                    text = subprocess.run(["openssl", "x509", "-in", f.name, "-noout", "-text"], capture_output=True, text=True).stdout
+                check("CA:TRUE" not in text, f"Secret {name}: {k} is a CA certificate stored with a private key")
 
     if errors:
         for e in errors:

@@ -2,14 +2,14 @@
 # make chart-lint: checks of charts/isthmus without nodes.
 #   1. charts/isthmus/crds/networklink.yaml is byte-identical to the generated crds/networklink.yaml;
 #   2. helm lint --strict and helm template for several value sets; static checks of the rendered objects
-#      (no RBAC wildcards, the operator's exact ClusterRole rules, the agent's exact capabilities, non-root
-#      operator, certificate SANs = identities);
+#      (no RBAC wildcards, the operator's and the agent's exact rules, the agent's exact capabilities, non-root
+#      operator, matching identities, no rendered Secret holding a CA key — and that check refuses one that does);
 #   3. values.schema.json refuses bad values, naming the field;
 #   4. a control-plane-only Kubernetes 1.34 cluster: every rendered object passes `kubectl apply --dry-run=server`;
-#      a real `helm install` + `helm upgrade` keeps the certificates; deleting a Secret + upgrade re-issues only it;
-#   5. the generated certificates work with the real agent binary (if built): operator accepted, the agent's own
-#      certificate refused (403), no certificate refused; after a rotation the agent reloads the files without
-#      restarting;
+#      a real `helm install` + `helm upgrade`: no private key in Helm's release records;
+#   5. (with 7) the real operator creates the CA, publishes the bundle, denies forged agent certificate requests
+#      naming the failed check and signs a genuine one; the real agent serves the certificate the operator signed
+#      for its node and accepts only the operator's identity (tests/tls_interop.py);
 #   6. the uninstall hook's command (`isthmus-operator uninstall` with the rendered args), impersonating the hook's
 #      ServiceAccount with exactly its RBAC: times out naming the links whose finalizer stays, succeeds once gone;
 #   7. the real operator binary, impersonating its ServiceAccount with the chart's environment, gets
@@ -80,6 +80,20 @@ for v in "${variants[@]}"; do
   python3 "$CHART/tests/check_rendered.py" "$work/$name.yaml" "$name" || fail "rendered objects ($name)"
 done
 step "helm lint --strict and helm template: ${#variants[@]} value sets, rendered objects checked"
+# The CA-key check itself: a rendered Secret holding a CA certificate with a key must be refused.
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "$work/ca.key" -subj /CN=ca -days 1 \
+  -addext basicConstraints=critical,CA:TRUE -out "$work/ca.crt" 2>/dev/null
+python3 - "$work/default.yaml" "$work/ca.crt" "$work/ca.key" >"$work/with-ca.yaml" <<'PY'
+import base64, sys
+b = lambda p: base64.b64encode(open(p, "rb").read()).decode()
+print(open(sys.argv[1]).read())
+print(f"---\napiVersion: v1\nkind: Secret\nmetadata: {{name: leaked-ca}}\ndata: {{tls.crt: {b(sys.argv[2])}, tls.key: {b(sys.argv[3])}}}")
+PY
+if python3 "$CHART/tests/check_rendered.py" "$work/with-ca.yaml" default 2>"$work/with-ca.err"; then
+  fail "check_rendered.py accepted a Secret holding a CA key"
+fi
+grep -q "leaked-ca: tls.crt is a CA certificate stored with a private key" "$work/with-ca.err" || { cat "$work/with-ca.err"; fail "CA-key refusal"; }
+step "no rendered Secret holds a CA key (and a Secret that does is refused)"
 
 # ---- 3. the schema refuses bad values
 refuse() { # expected-text helm-args...
@@ -97,7 +111,9 @@ refuse "logFormat" --set operator.logFormat=xml
 refuse "netnsDirs" --set 'agent.netnsDirs={/run/netns\,/x}'
 refuse "netnsDirs" --set-json 'agent.netnsDirs=[]'
 refuse "apiPort" --set agent.apiPort=70000
-refuse "agentServerName" --set 'tls.agentServerName=*.isthmus'
+refuse "certificateValidityHours" --set tls.certificateValidityHours=0
+refuse "tls.renewBeforeDays (40) must be at most half of tls.validityDays (60)" --set tls.validityDays=60 --set tls.renewBeforeDays=40
+refuse "tls.certificateValidityHours (800) must be at most tls.renewBeforeDays in hours (720)" --set tls.certificateValidityHours=800
 refuse "operator" --set operator.replicas=two
 refuse "uninstall.timeoutSeconds (120) must be above operator.cleanupTimeoutSeconds (120)" --set uninstall.timeoutSeconds=120
 refuse "bytesPerDestination" --set agent.queue.bytesPerDestination=1000
@@ -107,7 +123,7 @@ refuse "destinationsPerLink" --set operator.limits.destinationsPerLink=0
 refuse "datapath" --set agent.datapath=ebpf
 refuse "operator.limits.destinationsPerPod (100) must be at least operator.limits.destinationsPerLink (512)" \
   --set operator.limits.destinationsPerPod=100
-step "values.schema.json and the templates refuse 17 bad values, naming the field"
+step "values.schema.json and the templates refuse 19 bad values, naming the field"
 
 [ "${CHART_LINT_SKIP_CLUSTER:-}" = 1 ] && { step "cluster checks skipped (CHART_LINT_SKIP_CLUSTER=1)"; exit 0; }
 
@@ -128,23 +144,17 @@ for v in "${variants[@]}"; do
   step "kubectl apply --dry-run=server ($name): $(grep -c . "$work/dry-$name.log") objects accepted by the 1.34 API server"
 done
 
-secret() { kc -n isthmus-system get secret "$1" -o jsonpath="{.data.$2}"; }
 "$HELM" install isthmus "$CHART" --namespace isthmus-system --skip-crds >"$work/install.out" || fail "helm install"
 grep -q 'kubectl apply -f examples/three-regions.yaml' "$work/install.out" || { cat "$work/install.out"; fail "NOTES.txt not rendered"; }
 grep -q 'rollout status ds/isthmus-agent' "$work/install.out" || fail "NOTES.txt names the wrong DaemonSet"
-for s in ca agent-tls operator-tls metrics-scraper-tls; do secret "isthmus-$s" 'tls\.crt' >"$work/install-$s"; done
 "$HELM" upgrade isthmus "$CHART" --namespace isthmus-system --skip-crds --set operator.replicas=2 >/dev/null || fail "helm upgrade"
-for s in ca agent-tls operator-tls metrics-scraper-tls; do
-  secret "isthmus-$s" 'tls\.crt' | cmp -s - "$work/install-$s" || fail "helm upgrade changed the certificate in isthmus-$s"
-done
 [ "$(kc -n isthmus-system get deploy isthmus-operator -o jsonpath='{.spec.replicas}')" = 2 ] || fail "upgrade did not apply replicas=2"
-step "helm install + helm upgrade: CA, agent, operator and metrics scraper certificates unchanged"
-kc -n isthmus-system delete secret isthmus-operator-tls >/dev/null
-"$HELM" upgrade isthmus "$CHART" --namespace isthmus-system --skip-crds --reuse-values >/dev/null || fail "helm upgrade after deleting a Secret"
-secret isthmus-operator-tls 'tls\.crt' | cmp -s - "$work/install-operator-tls" && fail "deleted operator Secret was not re-issued"
-secret isthmus-agent-tls 'tls\.crt' | cmp -s - "$work/install-agent-tls" || fail "agent certificate changed although only the operator's was deleted"
-secret isthmus-ca 'tls\.crt' | cmp -s - "$work/install-ca" || fail "CA changed although only the operator's Secret was deleted"
-step "rotation of one Secret: delete + helm upgrade re-issues it with the same CA, the rest unchanged"
+# Helm's release records (one Secret per revision) hold the rendered manifests: no private key may be among them.
+for rev in 1 2; do
+  "$HELM" get manifest isthmus --namespace isthmus-system --revision "$rev" >"$work/release-$rev.yaml" || fail "helm get manifest $rev"
+  ! grep -q "PRIVATE KEY\|kind: Secret" "$work/release-$rev.yaml" || fail "Helm release revision $rev holds a Secret or a private key"
+done
+step "helm install + helm upgrade: no Secret and no private key in Helm's release records"
 
 # ---- 4b. the uninstall hook: the operator binary with the rendered args, as the hook's ServiceAccount
 # This tree's binaries, built now (a no-op when fresh): a binary left by an earlier build of other sources would
@@ -195,20 +205,15 @@ wait "$hook_pid" || { cat "$work/hook-run.log"; fail "the hook failed although t
 kc delete -f "$work/hook-rbac.yaml" >/dev/null
 step "uninstall hook: '$op_bin ${hook_args[*]}' as its ServiceAccount times out naming the links while finalizers remain, succeeds once they are gone"
 
-# ---- 4c. the real operator with exactly the chart's RBAC and environment
-"$HELM" template isthmus "$CHART" --namespace isthmus-system --show-only templates/operator-deployment.yaml >"$work/operator-deploy.yaml"
-python3 "$CHART/tests/operator_rbac.py" --operator "$op_bin" --kubectl "$ROOT/e2e/cluster/cluster kubectl" \
-  --rendered "$work/operator-deploy.yaml" --work "$work" --kubeconfig "$KUBECONFIG" ||
-  { tail -20 "$work/operator.log"; fail "the operator with the chart's RBAC ($op_bin)"; }
-step "the real operator ($op_bin) runs with exactly the chart's RBAC and environment"
-
-# ---- 5. the certificates with the real agent
+# ---- 4c. the real operator with exactly the chart's RBAC and environment; as CA and signer with the real agent
 [ -n "${ISTHMUS_AGENT_BIN:-}" ] || build_bin isthmus-agent
 bin=${ISTHMUS_AGENT_BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/debug/isthmus-agent}
-python3 "$CHART/tests/tls_interop.py" --agent "$bin" --kubectl "$ROOT/e2e/cluster/cluster kubectl" --namespace isthmus-system \
-  --helm "$HELM" --chart "$CHART" --work "$work" || fail "TLS interoperability with $bin"
-step "certificates work with $bin, identity enforced, CA rotation picked up without a restart"
+"$HELM" template isthmus "$CHART" --namespace isthmus-system --show-only templates/operator-deployment.yaml >"$work/operator-deploy.yaml"
+python3 "$CHART/tests/operator_rbac.py" --operator "$op_bin" --agent "$bin" --kubectl "$ROOT/e2e/cluster/cluster kubectl" \
+  --rendered "$work/operator-deploy.yaml" --work "$work" --kubeconfig "$KUBECONFIG" ||
+  { tail -20 "$work/operator.log"; fail "the operator with the chart's RBAC ($op_bin)"; }
+step "the real operator ($op_bin) runs with exactly the chart's RBAC and environment, is the CA and signs only genuine agent requests; $bin serves its signed certificate"
 # Without nodes the pre-delete hook's Job could never run; its command was checked in 4b, the Job by the cluster e2e suite.
 "$HELM" uninstall isthmus --namespace isthmus-system --no-hooks >/dev/null || fail "helm uninstall"
-[ -z "$(kc -n isthmus-system get deploy,ds,secret,sa -l app.kubernetes.io/part-of=isthmus -o name)" ] || fail "objects left after helm uninstall"
+[ -z "$(kc -n isthmus-system get deploy,ds,sa -l app.kubernetes.io/part-of=isthmus -o name)" ] || fail "objects left after helm uninstall"
 step "all checks passed"

@@ -3,18 +3,21 @@
 
 Runs the operator on this machine against the control-plane-only cluster, impersonating the operator's
 ServiceAccount (KUBE_RS_DEBUG_IMPERSONATE_USER, honoured by kube's Config::infer), with the environment of the
-rendered Deployment (only the listen address and the TLS directory are changed to local ones) and the client
-certificate from the installed Secret. Then checks that it
+rendered Deployment (only the listen address is changed to a local one). Then checks that it
+- creates the CA Secret, the CA bundle and the scraper's Secret, approves and signs (or denies) agents'
+  certificate requests, and the real agent serves the certificate it signed (tls_interop.py);
 - becomes ready (every watch listed: pods, namespaces, services, nodes, agents, NetworkLinks);
 - takes the Lease named in the chart;
 - adds its finalizer to a new NetworkLink and writes its status (observedGeneration);
 - applies the readiness gate condition on a pod that declares it (pods/status);
 - lets a deleted NetworkLink go (no agents: nothing to confirm);
 - never logs a 403 / forbidden.
-Usage: operator_rbac.py --operator BIN --kubectl "CMD" --rendered DEPLOY.yaml --work DIR
+Usage: operator_rbac.py --operator BIN --agent BIN --kubectl "CMD" --rendered DEPLOY.yaml --work DIR --kubeconfig FILE
 """
 import argparse, base64, json, os, shlex, signal, socket, subprocess, sys, time
 import yaml
+
+import tls_interop
 
 def free_port():
     with socket.socket() as s:
@@ -23,7 +26,7 @@ def free_port():
 
 def main():
     p = argparse.ArgumentParser()
-    for a in ("--operator", "--kubectl", "--rendered", "--work", "--kubeconfig"):
+    for a in ("--operator", "--agent", "--kubectl", "--rendered", "--work", "--kubeconfig"):
         p.add_argument(a, required=True)
     args = p.parse_args()
     kubectl = shlex.split(args.kubectl)
@@ -35,16 +38,10 @@ def main():
     ns = dep["metadata"]["namespace"]
     (container,) = pod["containers"]
     env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
-    tls_dir = os.path.join(args.work, "operator-client")
-    os.makedirs(tls_dir, exist_ok=True)
-    secret = next(v["secret"]["secretName"] for v in pod["volumes"] if v["name"] == "agent-client")
-    data = json.loads(kc("-n", ns, "get", "secret", secret, "-o", "json", check=True).stdout)["data"]
-    for key in ("ca.crt", "tls.crt", "tls.key"):
-        with open(os.path.join(tls_dir, key), "wb") as f:
-            f.write(base64.b64decode(data[key]))
+    rendered_env = dict(env)
     port = free_port()
     env.update({
-        "ISTHMUS_METRICS_ADDR": f"127.0.0.1:{port}", "ISTHMUS_AGENT_TLS_DIR": tls_dir,
+        "ISTHMUS_METRICS_ADDR": f"127.0.0.1:{port}",
         "POD_NAME": "chart-lint-operator", "POD_NAMESPACE": ns, "ISTHMUS_LOG_FORMAT": "text",
         "KUBECONFIG": args.kubeconfig,
         "KUBE_RS_DEBUG_IMPERSONATE_USER": f"system:serviceaccount:{ns}:{pod['serviceAccountName']}",
@@ -96,6 +93,9 @@ def main():
         kc("-n", "chart-lint-rbac", "delete", "networklink", "rbac-check", "--wait=false", check=True)
         wait("released the deleted link (finalizer removed)",
              lambda: "NotFound" in kc("-n", "chart-lint-rbac", "get", "networklink", "rbac-check").stderr)
+        # The DaemonSet the agent pods belong to: <fullname>-agent, as the Lease is <fullname>-operator.
+        rendered_env["ISTHMUS_AGENT_DAEMONSET"] = env["ISTHMUS_LEASE_NAME"].removesuffix("-operator") + "-agent"
+        tls_interop.check(args.kubectl, ns, args.kubeconfig, args.work, rendered_env, args.agent)
     finally:
         op.send_signal(signal.SIGTERM)
         try:

@@ -226,6 +226,47 @@ fn invalid_links_are_refused_naming_the_field() {
     assert!(!out.ok && out.stderr.contains("spec.from"), "a link without from: {}", out.stderr);
 }
 
+/// Every agent obtained its serving certificate through a CertificateSigningRequest that the operator approved
+/// and signed, for exactly its own node's name (real kubelets, pod-bound tokens); no Secret of the release holds
+/// a CA key except the operator's own CA Secret, which Helm never rendered.
+#[test]
+fn agents_hold_certificates_for_their_own_node_only() {
+    for node in nodes() {
+        let csrs = kubectl_json(&["get", "csr", "-l", &format!("isthmus.dev/node={node}")]);
+        let issued: Vec<&serde_json::Value> = csrs["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| {
+                c["spec"]["signerName"] == "isthmus.dev/agent-serving" && c["status"]["certificate"].is_string()
+            })
+            .collect();
+        assert!(!issued.is_empty(), "no signed certificate request for node {node}: {csrs}");
+        for csr in issued {
+            let approved = csr["status"]["conditions"].as_array().unwrap().iter().any(|c| c["type"] == "Approved");
+            assert!(approved, "{}", csr["metadata"]["name"]);
+            let encoded = csr["status"]["certificate"].as_str().unwrap();
+            let mut openssl = std::process::Command::new("sh")
+                .args(["-c", "base64 -d | openssl x509 -noout -ext subjectAltName"])
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            std::io::Write::write_all(&mut openssl.stdin.take().unwrap(), encoded.as_bytes()).unwrap();
+            let out = String::from_utf8(openssl.wait_with_output().unwrap().stdout).unwrap();
+            let sans: Vec<&str> = out.lines().skip(1).flat_map(|l| l.split(',')).map(str::trim).collect();
+            println!("node {node}: CSR {} signed for {sans:?}", csr["metadata"]["name"]);
+            assert_eq!(sans, [format!("DNS:{node}.node.isthmus")], "node {node}");
+        }
+    }
+    let secrets = kubectl_json(&["-n", "isthmus-system", "get", "secrets"]);
+    for s in secrets["items"].as_array().unwrap() {
+        let name = s["metadata"]["name"].as_str().unwrap();
+        let holds_ca_key = s["data"].as_object().is_some_and(|d| d.contains_key("ca.key"));
+        assert!(!holds_ca_key || name == "isthmus-ca", "Secret {name} holds a CA key");
+    }
+}
+
 /// `helm uninstall` with the chart's uninstall hook leaves no impairment in any pod on any node: the links stay in
 /// place up to the uninstall, and the hook (the operator image's `uninstall` subcommand) must have the operator
 /// remove them from every node before the agents go. Uninstalls isthmus, so it is ignored in the normal run;
