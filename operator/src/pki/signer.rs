@@ -148,6 +148,17 @@ async fn handle(
         &config.username(),
     );
     match verdict {
+        // Approved by someone else (an administrator's `kubectl certificate approve`) but not what the signer
+        // issues: a signer may not deny an approved request, it marks it Failed and signs nothing.
+        Verdict::Deny { reason, message } if has_condition(&csr, "Approved") => {
+            tracing::warn!(csr = %name, reason = reason.as_str(), %message, "not signing an approved agent certificate request");
+            set_condition(&mut csr, "Failed", reason.as_str(), &message);
+            csrs.replace_status(&name, &PostParams::default(), &csr).await.map_err(|source| SignerError::Api {
+                name,
+                what: "marking failed",
+                source,
+            })?;
+        }
         Verdict::Deny { reason, message } => {
             tracing::warn!(csr = %name, reason = reason.as_str(), %message, "denied an agent certificate request");
             set_condition(&mut csr, "Denied", reason.as_str(), &message);
