@@ -37,9 +37,9 @@ class Interop:
         self.n = 0
 
     def kc(self, *args, kubeconfig=None, **kw):
-        cmd = self.kubectl + list(args)
-        env = {**os.environ, "KUBECONFIG": kubeconfig or self.kubeconfig}
-        return subprocess.run(cmd, capture_output=True, text=True, env=env, **kw)
+        # The cluster's kubectl wrapper passes its own --kubeconfig; a later one wins.
+        cmd = self.kubectl + (["--kubeconfig", kubeconfig] if kubeconfig else []) + list(args)
+        return subprocess.run(cmd, capture_output=True, text=True, **kw)
 
     def path(self, name):
         return os.path.join(self.work, name)
@@ -203,7 +203,10 @@ def check(kubectl, ns, kubeconfig, work, env, agent_bin):
                    "--resolve", f"{host}:{api}:127.0.0.1", f"https://{host}:{api}{path}"]
             if cert:
                 cmd += ["--cert", cert[0], "--key", cert[1]]
-            return subprocess.run(cmd, capture_output=True, text=True).stdout.strip() or "000"
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            calls.append(r.stderr)
+            return r.stdout.strip() or "000"
+        calls = []
         scraper_cert = (t.path("scraper-tls.crt"), t.path("scraper-tls.key"))
         checks = [("operator identity, dialling chart-lint-m", call("chart-lint-m", operator), "200"),
                   ("operator identity, dialling chart-lint-n (the agent's certificate names m)", call("chart-lint-n", operator), "000"),
@@ -215,6 +218,10 @@ def check(kubectl, ns, kubeconfig, work, env, agent_bin):
             say(f"agent with its CSR-issued certificate: {what}: HTTP {got} (want {want})")
             if got != want:
                 fail(f"{what}: got {got}, want {want}; see {log.name}")
+        # The refusal when dialling the other node is the name check, not something else.
+        if "subject name" not in calls[1]:
+            fail(f"dialling chart-lint-n: curl did not refuse the certificate's name: {calls[1]}")
+        say(f"dialling chart-lint-n: {calls[1].strip()}")
     finally:
         agent.send_signal(signal.SIGTERM)
         try:
