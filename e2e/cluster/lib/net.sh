@@ -7,7 +7,9 @@
 #
 #   host netns   isthbr0 198.18.0.1/24   kube-apiserver :6443; etcd, controller-manager, scheduler on 127.0.0.1
 #                route 198.18.0.0/15 unreachable; route <node i pod /24> via 198.18.0.(1+i)
-#   node i       198.18.0.(1+i)/24 on the bridge, no default route
+#   node i       198.18.0.(1+i)/24 on the bridge, no default route; a route for the service range via the bridge
+#                (what a real node's default route gives host-network pods: kube-proxy's DNAT needs a route
+#                to the ClusterIP before it rewrites it; the isthmus agent reaches the API server that way)
 #   pods         198.19.0.0/16, a /24 per node        services 198.18.16.0/20 (kubernetes = 198.18.16.1)
 RESERVED_RANGE=198.18.0.0/15
 NODE_NET=198.18.0
@@ -47,6 +49,8 @@ pod_routes_up() { # EXEC
       [ "$i" = "$j" ] || "$exec" "$j" ip route replace "$cidr" via "$(node_ip "$i")" dev eth0 >/dev/null ||
         die "node $j: no route to $cidr"
     done
+    "$exec" "$i" ip route replace "$SERVICE_CIDR" via "$BRIDGE_IP" dev eth0 >/dev/null ||
+      die "node $i: no route to the service range $SERVICE_CIDR"
   done
 }
 
