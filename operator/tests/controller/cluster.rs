@@ -271,7 +271,7 @@ impl RealAgent {
     pub async fn start(binary: &str, node: &str, netns_dir: Option<&std::path::Path>) -> RealAgent {
         let dir = std::env::temp_dir().join(format!("isth-op-it-agent-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        for sub in ["agent-tls", "operator-tls", "empty-proc", "empty-netns"] {
+        for sub in ["agent-tls", "operator-tls", "ca", "empty-proc", "empty-netns"] {
             std::fs::create_dir_all(dir.join(sub)).unwrap();
         }
         let ca_key = rcgen::KeyPair::generate().unwrap();
@@ -291,6 +291,9 @@ impl RealAgent {
             std::fs::write(dir.join(to).join("tls.crt"), cert.pem()).unwrap();
             std::fs::write(dir.join(to).join("tls.key"), key.serialize_pem()).unwrap();
         };
+        // The CA itself, for a test that runs the operator binary: it loads its CA from a Secret made of these.
+        std::fs::write(dir.join("ca").join("ca.crt"), ca_cert.pem()).unwrap();
+        std::fs::write(dir.join("ca").join("ca.key"), ca_key.serialize_pem()).unwrap();
         issue(&isthmus_agent_api::identity::node_server_name(node).unwrap(), true, "agent-tls");
         issue(OPERATOR_IDENTITY, false, "operator-tls");
         let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use isthmus_operator::api::NetworkLink;
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
 
@@ -46,16 +46,26 @@ impl Drop for Operator {
 }
 
 impl Operator {
-    fn start(t: &WithAgent, log: std::path::PathBuf) -> Operator {
+    /// The operator binary as the chart runs it, its CA the one that signed the test agent's certificate (a Secret
+    /// in the test's namespace, which it loads instead of making one), so that its in-memory client certificate
+    /// is one the agent accepts.
+    async fn start(t: &WithAgent, log: std::path::PathBuf) -> Operator {
+        let read = |name: &str| std::fs::read_to_string(t.agent.dir.join("ca").join(name)).unwrap();
+        let secret: Secret = serde_json::from_value(json!({
+            "metadata": {"name": "isthmus-ca"},
+            "stringData": {"ca.crt": read("ca.crt"), "ca.key": read("ca.key")},
+        }))
+        .unwrap();
+        Api::<Secret>::namespaced(t.client.clone(), &t.ns).create(&PostParams::default(), &secret).await.unwrap();
         let metrics = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
         let child = std::process::Command::new(env!("CARGO_BIN_EXE_isthmus-operator"))
             .env("KUBECONFIG", std::env::var("ISTHMUS_TEST_KUBECONFIG").unwrap())
             .env("RUST_LOG", "info")
+            .env("POD_NAMESPACE", &t.ns)
             .args(["--leader-election", "false", "--log-format", "text"])
             .args(["--agent-namespace", &t.ns, "--agent-selector", &format!("isthmus-it-agent={}", t.ns)])
             .args(["--agent-port", &t.agent.port.to_string(), "--metrics-addr", &metrics.to_string()])
-            .arg("--agent-tls-dir")
-            .arg(t.agent.dir.join("operator-tls"))
+            .args(["--ca-secret", "isthmus-ca", "--ca-bundle", "isthmus-ca-bundle"])
             .stdout(std::fs::File::create(log).unwrap())
             .stderr(std::process::Stdio::null())
             .spawn()
@@ -89,7 +99,7 @@ async fn a_link_selecting_every_pod_of_the_cluster_is_refused_and_others_are_ser
         .await;
 
     let log = t.agent.dir.join("operator.log");
-    let operator = Operator::start(&t, log.clone());
+    let operator = Operator::start(&t, log.clone()).await;
     let mut everything: NetworkLink = serde_json::from_value(json!({
         "metadata": {"name": "everything"},
         "spec": {"from": {"podSelector": {}}, "to": {"podSelector": {}, "namespaceSelector": {}},
