@@ -8,9 +8,12 @@
 
 mod node;
 mod probe;
+mod switch;
+pub mod verdict;
 
 pub use node::*;
 pub use probe::*;
+pub use switch::*;
 
 use serde_json::Value;
 use std::io::Write;

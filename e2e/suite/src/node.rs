@@ -99,6 +99,26 @@ pub fn pod_qdiscs(node: &str, pod_ip: &str) -> Vec<String> {
         .collect()
 }
 
+/// Asserts what the pod's tree on `node` says, read with iproute2 (`tc qdisc show dev eth0`, whitespace folded):
+/// for each `(kind, words)`, a qdisc of that kind whose line holds those words as iproute2 prints them (e.g.
+/// `("tbf", "rate 50Mbit")`, `("netem", "delay 40ms")`). The tc datapath only: the userspace datapath emulates in
+/// the agent, and what the node shows of it is the capture interface, which is asserted instead.
+pub fn assert_pod_shaped(node: &str, pod_ip: &str, expect: &[(&str, &str)]) {
+    match datapath() {
+        Datapath::Userspace => assert_isthmus_installed(node, pod_ip),
+        Datapath::Tc => {
+            let out = in_pod(node, pod_ip, &["tc", "qdisc", "show", "dev", "eth0"]);
+            let lines: Vec<String> = out.lines().map(|l| l.split_whitespace().collect::<Vec<_>>().join(" ")).collect();
+            for (kind, words) in expect {
+                let found =
+                    lines.iter().any(|l| l.starts_with(&format!("qdisc {kind} ")) && l.contains(&format!(" {words}")));
+                assert!(found, "no {kind} qdisc with \"{words}\" on {pod_ip} eth0 ({node}, tc qdisc show): {lines:#?}");
+            }
+            println!("tree on {pod_ip} eth0 ({node}, tc): {expect:?} present");
+        }
+    }
+}
+
 fn is_isthmus(qdisc: &str) -> bool {
     ["htb", "tbf", "netem"].iter().any(|k| qdisc.starts_with(k))
 }

@@ -127,6 +127,18 @@ impl KernelReport {
         self.problem.is_none() && self.failed().is_empty()
     }
 
+    /// One `FAILED: <kernel>/<test>: <figures>` line per failed test (and one for a boot's problem): what the
+    /// end of `make test` repeats for a failed stage (e2e/failures.py).
+    pub fn failure_lines(&self) -> Vec<String> {
+        let problem = self.problem.iter().map(|p| format!("FAILED: {}: {p}", self.kernel));
+        let tests = self
+            .results
+            .iter()
+            .filter(|r| r.record.verdict == Verdict::Fail)
+            .map(|r| format!("FAILED: {}/{}: {}", self.kernel, r.record.test, r.record.summary));
+        problem.chain(tests).collect()
+    }
+
     /// Whether a fresh boot may judge its failed tests again: only a boot that ran to its end, with
     /// results, whose failures are single tests (a datapath fault fails the second boot too; a guest that
     /// crashed or a kernel without packages is not retried).
@@ -339,6 +351,8 @@ mod tests {
         let k = KernelReport::from_console(&expected(), status(124), vec![], "c", "ISTHMUS-EXIT 0\n");
         assert_eq!(k.problem.as_deref(), Some("VM timed out (timeout rc 124)"));
         assert_eq!(k.failed().len(), 3);
+        assert_eq!(k.failure_lines().len(), 4, "the boot's problem and each test: {:?}", k.failure_lines());
+        assert_eq!(k.failure_lines()[0], "FAILED: sid-uml-7.2: VM timed out (timeout rc 124)");
     }
 
     #[test]
@@ -352,6 +366,7 @@ mod tests {
         let mut k = KernelReport::from_console(&expected(), status(0), vec![], "c", &first);
         assert!(k.retriable());
         assert_eq!(k.failed(), ["delay", "rate_tbf"]);
+        assert_eq!(k.failure_lines(), ["FAILED: sid-uml-7.2/delay: p50 28 ms", "FAILED: sid-uml-7.2/rate_tbf: 8.1 Mbit/s"]);
         let again = format!(
             "{}\n{}\nISTHMUS-EXIT 1\n",
             line("delay", "pass", "p50 20.4 ms"),

@@ -1,5 +1,9 @@
-//! Every tolerance of the scenarios, each derived from what it tolerates: the unimpaired path's spread measured
-//! in the same run, a statistic's sampling error, or a kernel timer's wake-up, and printed beside the figure.
+//! Every bound of the scenarios, each derived from what it tolerates: the unimpaired path measured in the same
+//! run, a statistic's sampling error, or a kernel timer's wake-up, and printed beside the figure.
+//!
+//! Gates use the unimpaired path's floor (its fastest round trip): a delayed packet is never released early, and
+//! load only lengthens a round trip, so an impaired round trip is at least the floor plus the delay whatever the
+//! machine is doing. Reports use the whole of the baseline's spread (p10..p90), which a busy machine moves.
 
 use isthmus_e2e::{RttReport, RttRun, TestNamespace};
 
@@ -14,6 +18,8 @@ pub const SIGMAS: f64 = 4.5;
 /// The unimpaired round trip between two pods, measured just before a scenario impairs it.
 #[derive(Clone, Copy, Debug)]
 pub struct Baseline {
+    /// The fastest round trip: the path's floor, which load cannot lower.
+    pub min: f64,
     pub p10: f64,
     pub p90: f64,
     pub loss: f64,
@@ -25,58 +31,24 @@ impl Baseline {
     }
 
     pub fn of(r: &RttReport) -> Baseline {
-        let b = Baseline { p10: r.ms("p10"), p90: r.ms("p90"), loss: r.loss_ratio() };
-        println!("baseline: {}", r.describe());
+        let b = Baseline { min: r.ms("min"), p10: r.ms("p10"), p90: r.ms("p90"), loss: r.loss_ratio() };
+        println!("baseline: {}, min {}", r.describe(), b.min);
         b
     }
 
-    /// The baseline of a scenario that measures an effect of `effect_ms`, taken again (up to three times, 5 s apart)
-    /// while the unimpaired path's own spread (p10..p90) exceeds half the effect: a band that wide could not tell
-    /// the effect from its absence. A noisy moment passes; a machine busy throughout fails here, saying so, instead
-    /// of passing on a band that proves nothing.
-    pub fn measure_quiet(ns: &TestNamespace, from: &str, to_ip: &str, effect_ms: f64) -> Baseline {
-        Self::quiet_for(effect_ms, || Self::measure(ns, from, to_ip))
-    }
-
-    /// [`Self::measure_quiet`] for a baseline taken another way (e.g. under load).
-    pub fn quiet_for(effect_ms: f64, mut measure: impl FnMut() -> Baseline) -> Baseline {
-        for attempt in 1..=3 {
-            let b = measure();
-            if b.p90 - b.p10 <= effect_ms / 2.0 || attempt == 3 {
-                b.assert_quiet_for(effect_ms);
-                return b;
-            }
-            println!("baseline attempt {attempt}: too noisy for {effect_ms} ms; measuring again in 5 s");
-            std::thread::sleep(std::time::Duration::from_secs(5));
-        }
-        unreachable!("the third attempt returns or fails")
-    }
-
-    /// Fails when the unimpaired path's own spread (p10..p90) exceeds half the effect a scenario measures.
-    pub fn assert_quiet_for(&self, effect_ms: f64) {
-        let spread = self.p90 - self.p10;
-        assert!(
-            spread <= effect_ms / 2.0,
-            "the unimpaired round trip spreads {spread:.1} ms (p10 {:.2}, p90 {:.2}): too noisy to measure {effect_ms} ms; \
-             was the machine busy with other work?",
-            self.p10,
-            self.p90
-        );
+    /// The least any round trip can take with `added_ms` on the way: the floor plus the delay, less the clock's
+    /// granularity. A gate compares a low quantile (p10) with it: nine in ten round trips would have to come
+    /// faster than the unimpaired path ever did for a link in force to fail it.
+    pub fn floor_plus(&self, added_ms: f64) -> f64 {
+        self.min + added_ms - EARLY_MS
     }
 
     /// The band the low end (p10) of a round trip falls in when `added_ms` is added on `delayed_hops`
-    /// timer-released hops: the baseline's p10 shifted by the delay (its floor) up to its p90 shifted (its noise)
-    /// plus the timers' slack. The low quantile is the one a busy machine cannot move: load only ever lengthens
-    /// round trips, and it would have to lengthen nine in ten to raise it.
+    /// timer-released hops on a quiet machine: the baseline's p10 shifted by the delay up to its p90 shifted plus
+    /// the timers' slack. For reports: a busy machine moves the upper end.
     pub fn shifted_band(&self, added_ms: f64, delayed_hops: u32) -> (f64, f64) {
         (self.p10 + added_ms - EARLY_MS, self.p90 + added_ms + TIMER_SLACK_MS * f64::from(delayed_hops))
     }
-}
-
-/// Asserts `lo <= measured <= hi`, saying what the band is made of.
-pub fn within(what: &str, measured: f64, (lo, hi): (f64, f64), why: &str) {
-    println!("{what}: {measured:.3} in [{lo:.3}, {hi:.3}]  ({why})");
-    assert!(lo <= measured && measured <= hi, "{what}: {measured:.3} outside [{lo:.3}, {hi:.3}] ({why})");
 }
 
 /// The band of an observed proportion around `p` over `n` independent trials, widened by `variance_factor`

@@ -92,6 +92,12 @@ impl Fixture {
     }
 }
 
+/// The pod's tree read on its node with iproute2 (the tc datapath; the capture interface through the userspace
+/// one): see [`assert_pod_shaped`].
+pub fn assert_shaped(pod: &Pod, expect: &[(&str, &str)]) {
+    assert_pod_shaped(&pod.node, &pod.ip, expect);
+}
+
 pub fn one_way_spec(from: &str, to: &str, impairment: &str) -> String {
     format!(
         "  from: {{podSelector: {{matchLabels: {{app: {from}}}}}}}\n  to: {{podSelector: {{matchLabels: {{app: {to}}}}}}}\n\

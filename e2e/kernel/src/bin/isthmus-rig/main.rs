@@ -356,6 +356,9 @@ impl Rig {
         std::os::unix::fs::symlink(out.file_name().expect("named"), &latest)?;
         let ok = reports.iter().all(KernelReport::ok);
         println!("\nreports: {0}/summary.json {0}/junit.xml", out.display());
+        for line in reports.iter().flat_map(KernelReport::failure_lines) {
+            println!("{line}");
+        }
         println!("RESULT: {}", if ok { "PASS" } else { "FAIL" });
         Ok(if ok { ExitCode::SUCCESS } else { ExitCode::from(1) })
     }

@@ -1,9 +1,10 @@
 //! Loss: random, and Gilbert–Elliott bursts. Only the forward direction is impaired, so a probe is lost exactly
 //! when its request is.
 
+use isthmus_e2e::verdict::within;
 use isthmus_e2e::*;
 
-use crate::bands::{Baseline, SIGMAS, proportion_band, within};
+use crate::bands::{Baseline, SIGMAS, proportion_band};
 use crate::fixture::Fixture;
 
 /// Probes per loss measurement, 5 ms apart (faster sends overrun an emulated node's CPU, which then drops

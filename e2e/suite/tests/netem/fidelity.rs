@@ -1,0 +1,85 @@
+//! `make fidelity`: every selected scenario run several times, then one table of every figure it measured — the
+//! band it is judged against beside the median measured — gates and reports alike. Not a gate: a report outside its
+//! band, or a failed run, is a row of the table (docs/benchmarks.md keeps a dated copy).
+
+use isthmus_e2e::verdict::Kind;
+
+use crate::fixture::Fixture;
+use crate::{Outcome, Scenario, run_one};
+
+pub fn run(fixture: &Fixture, selected: &[&Scenario], runs: u32) -> String {
+    let mut outcomes = Vec::new();
+    for scenario in selected {
+        for i in 1..=runs {
+            println!("\nfidelity: {} run {i} of {runs}", scenario.0);
+            outcomes.push(run_one(fixture, scenario));
+        }
+    }
+    table(&outcomes)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
+}
+
+fn fmt(x: f64) -> String {
+    if x.is_infinite() { "∞".into() } else { format!("{x:.2}") }
+}
+
+/// The table, in markdown: a row per scenario and figure, in the order they were first measured.
+pub fn table(outcomes: &[Outcome]) -> String {
+    let mut rows = vec![
+        "| scenario | figure | kind | band (median of the runs') | measured: median (min–max) | in band | runs |"
+            .to_owned(),
+        "|---|---|---|---|---|---|---|".to_owned(),
+    ];
+    let mut scenarios: Vec<&str> = Vec::new();
+    for o in outcomes {
+        if !scenarios.contains(&o.name) {
+            scenarios.push(o.name);
+        }
+    }
+    for name in scenarios {
+        let runs: Vec<&Outcome> = outcomes.iter().filter(|o| o.name == name).collect();
+        let mut figures: Vec<(&str, Kind)> = Vec::new();
+        for f in runs.iter().flat_map(|o| &o.figures) {
+            if !figures.contains(&(f.what.as_str(), f.kind)) {
+                figures.push((f.what.as_str(), f.kind));
+            }
+        }
+        for (what, kind) in figures {
+            let seen: Vec<_> =
+                runs.iter().flat_map(|o| &o.figures).filter(|f| f.what == what && f.kind == kind).collect();
+            let measured: Vec<f64> = seen.iter().map(|f| f.measured).collect();
+            let (lo, hi) =
+                (median(seen.iter().map(|f| f.band.0).collect()), median(seen.iter().map(|f| f.band.1).collect()));
+            let (min, max) =
+                measured.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &m| (a.min(m), b.max(m)));
+            rows.push(format!(
+                "| {name} | {what} | {} | [{}, {}] | {} ({}–{}) | {} of {} | {} |",
+                if kind == Kind::Gate { "gate" } else { "report" },
+                fmt(lo),
+                fmt(hi),
+                fmt(median(measured)),
+                fmt(min),
+                fmt(max),
+                seen.iter().filter(|f| f.holds()).count(),
+                seen.len(),
+                runs.len()
+            ));
+        }
+        let failed: Vec<&&Outcome> = runs.iter().filter(|o| o.failure.is_some()).collect();
+        if let Some(first) = failed.first() {
+            rows.push(format!(
+                "| {name} | runs that failed | gate | | first: {} | {} of {} passed | {} |",
+                first.failure.as_deref().unwrap_or_default().replace('|', "/"),
+                runs.len() - failed.len(),
+                runs.len(),
+                runs.len()
+            ));
+        }
+    }
+    rows.join("\n")
+}
