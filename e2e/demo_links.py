@@ -21,25 +21,30 @@ TRANSIENT_DEGRADED = {"AgentUnavailable", "AgentUnreachable", "PodNotFound", "In
 
 
 def state(link):
-    """("done" | "wait" | "final", words) for one NetworkLink as the API returns it."""
+    """("done" | "wait" | "final", brief, words) for one NetworkLink as the API returns it: `brief` names the
+    conditions' reasons (for progress lines), `words` adds their messages (for a failure)."""
     name = link["metadata"]["name"]
     gen = link["metadata"].get("generation")
     status = link.get("status") or {}
     conds = {c["type"]: c for c in status.get("conditions", []) if c.get("observedGeneration") == gen}
     ready, degraded = conds.get("Ready"), conds.get("Degraded")
     if ready is None:
-        return "wait", f"{name}: no status for generation {gen} yet"
-    words = f"{name}: Ready={ready['status']} {ready.get('reason')} ({ready.get('message', '')})"
+        return "wait", f"{name}: no status yet", f"{name}: no status for generation {gen} yet"
+    brief = f"{name}: Ready={ready['status']} {ready.get('reason')}"
+    words = f"{brief} ({ready.get('message', '')})"
     if degraded and degraded.get("status") == "True":
+        brief += f", Degraded {degraded.get('reason')}"
         words += f"; Degraded {degraded.get('reason')}: {degraded.get('message', '')}"
     pairs, applied = status.get("pairs"), status.get("pairsApplied")
     if ready["status"] == "True" and ready.get("reason") == "Applied" and pairs == applied:
-        return "done", words
-    if ready.get("reason") in TRANSIENT_READY:
-        return "wait", words
-    if ready.get("reason") == "Failed" and degraded and degraded.get("reason") in TRANSIENT_DEGRADED:
-        return "wait", words
-    return "final", words
+        verdict = "done"
+    elif ready.get("reason") in TRANSIENT_READY:
+        verdict = "wait"
+    elif ready.get("reason") == "Failed" and degraded and degraded.get("reason") in TRANSIENT_DEGRADED:
+        verdict = "wait"
+    else:
+        verdict = "final"
+    return verdict, brief, words
 
 
 def wait(namespace, timeout_s, kubectl):
@@ -55,13 +60,13 @@ def wait(namespace, timeout_s, kubectl):
         if not states:
             print(f"demo: no NetworkLink in namespace {namespace}", file=sys.stderr)
             return 1
-        final = [w for s, w in states if s == "final"]
+        final = [w for s, _, w in states if s == "final"]
         if final:
             print("demo: a link will not be in force without a change (a final condition):", file=sys.stderr)
             for w in final:
                 print(f"FAILED: demo: {w}")
             return 1
-        pending = [w for s, w in states if s == "wait"]
+        pending = [(b, w) for s, b, w in states if s == "wait"]
         if not pending:
             print(f"demo: all {len(states)} links are Ready with every pair applied", file=sys.stderr)
             return 0
@@ -69,12 +74,13 @@ def wait(namespace, timeout_s, kubectl):
         if now >= deadline:
             print(f"demo: after {timeout_s} s, {len(pending)} of {len(states)} links are still not in force:",
                   file=sys.stderr)
-            for w in pending:
+            for _, w in pending:
                 print(f"FAILED: demo: still not in force: {w}")
             return 1
         if now - last_print >= 10:
-            print(f"demo: waiting for {len(pending)} of {len(states)} links ({int(deadline - now)} s left): "
-                  + "; ".join(pending), file=sys.stderr)
+            brief = "; ".join(b for b, _ in pending)
+            print(f"demo: waiting for {len(pending)} of {len(states)} links ({int(deadline - now)} s left): {brief}",
+                  file=sys.stderr)
             last_print = now
         time.sleep(1)
 

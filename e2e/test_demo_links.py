@@ -32,9 +32,10 @@ class State(unittest.TestCase):
 
     def test_what_waiting_cannot_change_is_final_and_named(self):
         for reason in ("KernelUnsupported", "ForeignQdisc", "DuplicateRestriction", "HostNetwork"):
-            verdict, words = state(link(("False", "Failed"), ("True", reason)))
+            verdict, brief, words = state(link(("False", "Failed"), ("True", reason)))
             self.assertEqual(verdict, "final", reason)
-            self.assertIn(reason, words)
+            self.assertEqual(brief, f"l: Ready=False Failed, Degraded {reason}")
+            self.assertEqual(words, f"l: Ready=False Failed (m); Degraded {reason}: d")
         self.assertEqual(state(link(("False", "InvalidSpec"), ("True", "InvalidSpec")))[0], "final")
 
 

@@ -83,7 +83,7 @@ fn pod_timeline(pod: &serde_json::Value, origin_ms: i64) -> String {
 }
 
 /// The source Deployment moves to the other node: the replacement pod (new IP, new sandbox) has the link's latency
-/// no later than a second after its Ready, and keeps it. The prober starts with the pod and probes for 40 s, which
+/// no later than a second after its Ready, and keeps it. The prober starts with the pod and probes for 20 s, which
 /// covers the pod's Ready with room on the emulated nodes (its containers start seconds before the pod is Running,
 /// and the pod is planned once Running); a window that ends before Ready and the sustained run after it is
 /// inconclusive, a failure. The pod's Ready time is written by the same node's kubelet, on the same clock as the
@@ -100,7 +100,7 @@ pub fn rescheduling(f: &Fixture) {
     );
     // The moved pod shares the server's node: its path's floor is that of another pod there (`near`).
     let base = Baseline::measure(&f.ns, &f.near.name, &f.server.ip);
-    f.ns.apply(&probing_deployment("mover", &f.n1, &f.server.ip, 2000));
+    f.ns.apply(&probing_deployment("mover", &f.n1, &f.server.ip, 1000));
     let (first, first_ip, _) = f.ns.wait_ready_pod("mover");
     let link = f.one_way("follow", "mover", "server", "{latency: 40ms}");
     let patch = serde_json::json!({"spec": {"template": {"spec": {"nodeName": f.n2}}}});
