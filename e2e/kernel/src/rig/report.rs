@@ -366,7 +366,10 @@ mod tests {
         let mut k = KernelReport::from_console(&expected(), status(0), vec![], "c", &first);
         assert!(k.retriable());
         assert_eq!(k.failed(), ["delay", "rate_tbf"]);
-        assert_eq!(k.failure_lines(), ["FAILED: sid-uml-7.2/delay: p50 28 ms", "FAILED: sid-uml-7.2/rate_tbf: 8.1 Mbit/s"]);
+        assert_eq!(
+            k.failure_lines(),
+            ["FAILED: sid-uml-7.2/delay: p50 28 ms", "FAILED: sid-uml-7.2/rate_tbf: 8.1 Mbit/s"]
+        );
         let again = format!(
             "{}\n{}\nISTHMUS-EXIT 1\n",
             line("delay", "pass", "p50 20.4 ms"),
