@@ -31,7 +31,7 @@
 //!   CertificateSigningRequest API (`crate::csr`), for the DNS name of its node
 //!   ([`isthmus_agent_api::identity::node_server_name`]), signed by the operator; its key is made in memory and
 //!   never written anywhere. The trusted CAs are the operator's bundle (`ca.crt` of the ConfigMap the operator
-//!   publishes, mounted optionally: the agent serves nothing until both the file and a certificate are there).
+//!   publishes, watched through the API: `crate::ca_bundle`); the agent serves nothing until both are there.
 //! - [`TlsSource::Files`]: a mounted `kubernetes.io/tls` Secret: `ca.crt` (the CA that signs the operator's
 //!   client certificate), `tls.crt`, `tls.key` (the agent's serving certificate, for its node's DNS name).
 //!
@@ -43,6 +43,8 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use isthmus_agent_api::tls::{TlsError, TlsFiles, TlsMaterial, crypto_provider};
+
+use crate::ca_bundle::TrustedBundle;
 use rustls::pki_types::ServerName;
 use rustls::server::{ParsedCertificate, ServerConfig, WebPkiClientVerifier};
 
@@ -120,6 +122,8 @@ pub enum AuthError {
     Tls(#[from] TlsError),
     #[error("no serving certificate issued yet")]
     NotIssued,
+    #[error("the operator has not published its CA bundle yet")]
+    NoBundle,
     #[error("client certificate verifier: {0}")]
     Verifier(#[from] rustls::server::VerifierBuilderError),
 }
@@ -142,9 +146,9 @@ impl IssuedCertificate {
 #[derive(Debug, Clone)]
 pub enum TlsSource {
     Files(TlsFiles),
-    /// The CA bundle from a file, the serving certificate from the CSR API.
+    /// The CA bundle from the operator's ConfigMap, the serving certificate from the CSR API, both held in memory.
     Issued {
-        ca: std::path::PathBuf,
+        ca: Arc<TrustedBundle>,
         certificate: Arc<IssuedCertificate>,
     },
 }
@@ -154,9 +158,11 @@ impl TlsSource {
     fn files(&self) -> TlsFiles {
         match self {
             TlsSource::Files(files) => files.clone(),
-            TlsSource::Issued { ca, .. } => {
-                TlsFiles { ca: ca.clone(), cert: "<issued certificate>".into(), key: "<issued key>".into() }
-            }
+            TlsSource::Issued { .. } => TlsFiles {
+                ca: "<the operator's CA bundle>".into(),
+                cert: "<issued certificate>".into(),
+                key: "<issued key>".into(),
+            },
         }
     }
 
@@ -164,7 +170,7 @@ impl TlsSource {
         match self {
             TlsSource::Files(files) => Ok(files.read()?),
             TlsSource::Issued { ca, certificate } => {
-                let ca = std::fs::read(ca).map_err(|source| TlsError::Read { path: ca.clone(), source })?;
+                let ca = ca.get().ok_or(AuthError::NoBundle)?;
                 let (cert, key) = certificate.get().ok_or(AuthError::NotIssued)?;
                 Ok(TlsMaterial { ca, cert, key })
             }

@@ -2,6 +2,7 @@
 //! shell), network-namespace resolution, and the service the operator calls.
 
 pub mod auth;
+pub mod ca_bundle;
 pub mod csr;
 pub mod datapath;
 pub mod emulator;

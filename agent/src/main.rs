@@ -13,6 +13,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use isthmus_agent::auth::{Callers, DEFAULT_OPERATOR_IDENTITY, Identity, IssuedCertificate, ReloadingTls, TlsSource};
+use isthmus_agent::ca_bundle::TrustedBundle;
 use isthmus_agent::datapath::QueueBudget;
 use isthmus_agent::datapath::queue::{DEFAULT_BYTES_PER_DESTINATION, DEFAULT_BYTES_PER_POD};
 use isthmus_agent::metrics::Metrics;
@@ -76,7 +77,8 @@ impl From<DatapathArg> for DatapathChoice {
 enum TlsSourceArg {
     /// `ca.crt`, `tls.crt`, `tls.key` in --tls-dir.
     Files,
-    /// A CertificateSigningRequest for this node (signed by the operator), trusting the CAs in --ca-file.
+    /// A CertificateSigningRequest for this node (signed by the operator), trusting the CAs of the operator's
+    /// bundle ConfigMap (--ca-bundle in --namespace).
     Csr,
 }
 
@@ -124,9 +126,13 @@ struct ServeArgs {
     /// serving certificate, for its node's DNS name).
     #[arg(long, env = "ISTHMUS_TLS_DIR", default_value = "/etc/isthmus/tls")]
     tls_dir: PathBuf,
-    /// With `--tls-source csr`: the CA bundle the operator publishes (trusted for callers).
-    #[arg(long, env = "ISTHMUS_CA_FILE", default_value = "/etc/isthmus/ca/ca.crt")]
-    ca_file: PathBuf,
+    /// With `--tls-source csr`: the ConfigMap whose `ca.crt` the operator publishes (the CAs trusted for callers),
+    /// read and watched through the API.
+    #[arg(long, env = "ISTHMUS_CA_BUNDLE", default_value = "isthmus-ca-bundle")]
+    ca_bundle: String,
+    /// With `--tls-source csr`: the namespace of --ca-bundle (the agent's own, from the downward API).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "isthmus-system")]
+    namespace: String,
     /// The DNS SAN the operator's client certificate carries.
     #[arg(long, env = "ISTHMUS_OPERATOR_IDENTITY", default_value = DEFAULT_OPERATOR_IDENTITY)]
     operator_identity: String,
@@ -221,9 +227,12 @@ async fn serve(args: ServeArgs, common: CommonArgs) -> anyhow::Result<()> {
         TlsSourceArg::Csr => {
             let certificate = Arc::new(IssuedCertificate::default());
             let client = kube::Client::try_default().await.context("connecting to the Kubernetes API")?;
-            // Runs for the agent's lifetime, renewing the certificate; nothing waits for it.
-            drop(isthmus_agent::csr::spawn(client, node_name.clone(), certificate.clone()));
-            (TlsSource::Issued { ca: args.ca_file.clone(), certificate }, None)
+            let ca = Arc::new(TrustedBundle::default());
+            // Both run for the agent's lifetime (renewing the certificate, following the bundle); nothing waits
+            // for them.
+            drop(isthmus_agent::csr::spawn(client.clone(), node_name.clone(), certificate.clone()));
+            drop(isthmus_agent::ca_bundle::spawn(client, args.namespace.clone(), args.ca_bundle.clone(), ca.clone()));
+            (TlsSource::Issued { ca, certificate }, None)
         }
     };
     let metrics = Arc::new(Metrics::new());

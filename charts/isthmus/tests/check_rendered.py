@@ -18,7 +18,7 @@ def main():
     for d in docs:
         by_kind.setdefault(d["kind"], []).append(d)
 
-    # RBAC: no wildcards anywhere; the agent is bound to its one ClusterRole only.
+    # RBAC: no wildcards anywhere.
     for kind in ("ClusterRole", "Role"):
         for role in by_kind.get(kind, []):
             for rule in role.get("rules", []):
@@ -55,15 +55,24 @@ def main():
     signer_rules = [r for r in cluster_role["rules"] if "signers" in r["resources"]]
     check([r.get("resourceNames") for r in signer_rules] == [["isthmus.dev/agent-serving"]],
           "operator ClusterRole: approve/sign only for the signer isthmus.dev/agent-serving")
-    # The agent: one ClusterRole, exactly create and get on CertificateSigningRequests (its own certificate).
+    # The agent: one ClusterRole, exactly create and get on CertificateSigningRequests (its own certificate), and one
+    # Role, exactly reading the operator's CA bundle ConfigMap by name (the CAs it trusts).
     agent_bindings = [b for kind in ("ClusterRoleBinding", "RoleBinding") for b in by_kind.get(kind, [])
                       if any(s["name"].endswith("-agent") for s in b["subjects"])]
-    check(len(agent_bindings) == 1 and agent_bindings[0]["kind"] == "ClusterRoleBinding",
-          f"the agent has exactly one binding, a ClusterRoleBinding: {[b['metadata']['name'] for b in agent_bindings]}")
-    if agent_bindings:
-        (agent_role,) = [r for r in by_kind["ClusterRole"] if r["metadata"]["name"] == agent_bindings[0]["roleRef"]["name"]]
-        check(agent_role["rules"] == [{"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests"],
-                                       "verbs": ["create", "get"]}], f"agent ClusterRole rules: {agent_role['rules']}")
+    check(sorted(b["kind"] for b in agent_bindings) == ["ClusterRoleBinding", "RoleBinding"],
+          f"the agent has exactly a ClusterRoleBinding and a RoleBinding: {[b['metadata']['name'] for b in agent_bindings]}")
+    for b in agent_bindings:
+        kind = b["roleRef"]["kind"]
+        (agent_role,) = [r for r in by_kind[kind] if r["metadata"]["name"] == b["roleRef"]["name"]]
+        if kind == "ClusterRole":
+            check(agent_role["rules"] == [{"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests"],
+                                           "verbs": ["create", "get"]}], f"agent ClusterRole rules: {agent_role['rules']}")
+        else:
+            (operator,) = by_kind["Deployment"]
+            op_env = {e["name"]: e.get("value") for e in operator["spec"]["template"]["spec"]["containers"][0]["env"]}
+            bundle_name = op_env["ISTHMUS_CA_BUNDLE"]
+            check(agent_role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [bundle_name],
+                                           "verbs": ["get", "list", "watch"]}], f"agent Role rules: {agent_role['rules']}")
 
     (ds,) = by_kind["DaemonSet"]
     (dep,) = by_kind["Deployment"]
@@ -109,15 +118,17 @@ def main():
           "operator: plan limits as whole numbers")
 
     # Identities: what the operator issues is what the agents require, and the bundle it publishes is the one
-    # the agents mount.
+    # the agents read.
     sa = opod["serviceAccountName"]
     ns = dep["metadata"]["namespace"]
     check(env["ISTHMUS_OPERATOR_IDENTITY"]["value"] == f"{sa}.{ns}.serviceaccount.isthmus", "identity names the operator's ServiceAccount")
     check(openv["ISTHMUS_OPERATOR_IDENTITY"] == env["ISTHMUS_OPERATOR_IDENTITY"]["value"], "operator issues the identity agents require")
     check(openv["ISTHMUS_SCRAPER_IDENTITY"] == env["ISTHMUS_SCRAPER_IDENTITY"]["value"], "operator issues the scraper identity agents accept")
     check(env["ISTHMUS_TLS_SOURCE"]["value"] == "csr", "agent: serving certificate from the CSR API")
-    (bundle,) = [v for v in pod["volumes"] if v["name"] == "ca-bundle"]
-    check(bundle["configMap"] == {"name": openv["ISTHMUS_CA_BUNDLE"], "optional": True}, "agent mounts the operator's CA bundle (optional)")
+    check(env["ISTHMUS_CA_BUNDLE"]["value"] == openv["ISTHMUS_CA_BUNDLE"], "agent reads the bundle the operator publishes")
+    check(env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace",
+          "agent: the bundle's namespace is its own (downward API)")
+    check(not any(v.get("configMap") for v in pod["volumes"]), "agent: no mounted ConfigMap (the bundle is read through the API)")
     check(openv["ISTHMUS_AGENT_SERVICE_ACCOUNT"] == pod["serviceAccountName"], "operator signs for the agents' ServiceAccount")
     (pki,) = [r for r in by_kind["Role"] if r["metadata"]["name"].endswith("-operator-pki")]
     named = sorted(n for r in pki["rules"] for n in r.get("resourceNames", []))

@@ -13,8 +13,8 @@ runs with exactly the chart's RBAC against the control-plane-only cluster of lin
    - from an agent pod on node N naming N: Approved and signed; the certificate chains to the bundle and names
      exactly N's DNS name.
    (No kubelet runs here: the agent pods are API objects of the installed DaemonSet, bound to a node name.)
-3. The real agent (`--tls-source csr`), impersonating an agent pod on node M: obtains its certificate through the
-   operator and serves it. The operator's identity (a client certificate from the CA, as the operator issues it in
+3. The real agent (`--tls-source csr`), impersonating an agent pod on node M with the chart's RBAC: obtains its
+   certificate through the operator, reads the CAs it trusts from the bundle ConfigMap through the API, and serves. The operator's identity (a client certificate from the CA, as the operator issues it in
    memory) gets 200 when dialling M's name and a refused handshake when dialling N's; the scraper's Secret reads
    /metrics and gets 403 elsewhere; a client certificate from another CA and none are refused in the handshake.
 """
@@ -182,7 +182,7 @@ def check(kubectl, ns, kubeconfig, work, env, agent_bin):
     log = open(t.path("agent.log"), "wb")
     agent = subprocess.Popen(
         [agent_bin, "serve", "--listen", f"127.0.0.1:{api}", "--health-listen", f"127.0.0.1:{health}",
-         "--tls-source", "csr", "--ca-file", t.path("bundle.crt"), "--netns-dirs", t.path("empty"),
+         "--tls-source", "csr", "--ca-bundle", env["ISTHMUS_CA_BUNDLE"], "--namespace", ns, "--netns-dirs", t.path("empty"),
          "--cgroup-filter", "/isthmus-chart-lint-no-such-cgroup/", "--operator-identity", ident,
          "--scraper-identity", env["ISTHMUS_SCRAPER_IDENTITY"], "--tls-reload-seconds", "1", "--log-format", "text"],
         env={**os.environ, "NODE_NAME": "chart-lint-m", "KUBECONFIG": agent_kubeconfig}, stdout=log, stderr=log)
