@@ -1,8 +1,9 @@
-//! The guest's test binary: built statically (the guest has no libraries for it) into its own target
-//! directory, shared with e2e/images/build, because its RUSTFLAGS differ from the host builds'.
+//! The guest's test binary: built statically (the guest has no libraries for it) by e2e/images/static-build,
+//! together with the images' binaries, so that the crates they share are compiled once with one set of features
+//! (its target directory is `$CARGO_TARGET_DIR/static`: its RUSTFLAGS differ from the host builds').
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 use anyhow::{Context, ensure};
 use isthmus_kernel_tests::rig::elf;
@@ -18,18 +19,23 @@ pub fn built_binary(target: &Path) -> anyhow::Result<PathBuf> {
 }
 
 pub fn static_test_binary(target: &Path) -> anyhow::Result<PathBuf> {
-    let static_target = target.join("static");
-    say(&format!("building the static test binary (target dir {})", static_target.display()));
-    let status = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .env("RUSTFLAGS", "-C target-feature=+crt-static")
-        .args(["build", "-q", "--locked", "--release", "-p", "isthmus-kernel-tests", "--bin", "isthmus-kernel-tests"])
-        .args(["--target", TRIPLE, "--target-dir"])
-        .arg(&static_target)
-        .status()
-        .context("running cargo")?;
-    ensure!(status.success(), "building the static test binary failed");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../images/static-build");
+    say(&format!("building the static test binary with the images' binaries ({})", script.display()));
+    let out = Command::new(&script)
+        .arg("amd64")
+        .env("CARGO_TARGET_DIR", target)
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("running {}", script.display()))?;
+    ensure!(out.status.success(), "building the static test binary failed");
     let bin = built_binary(target)?;
+    let dir = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    ensure!(
+        bin.parent() == Some(Path::new(&dir)),
+        "{} built into {dir}, not beside {}",
+        script.display(),
+        bin.display()
+    );
     ensure!(elf::is_static(&std::fs::read(&bin)?)?, "{} is not statically linked", bin.display());
     Ok(bin)
 }
