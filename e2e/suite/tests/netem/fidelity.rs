@@ -25,7 +25,11 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn fmt(x: f64) -> String {
-    if x.is_infinite() { "∞".into() } else { format!("{x:.2}") }
+    match x {
+        f64::INFINITY => "∞".into(),
+        f64::NEG_INFINITY => "−∞".into(),
+        x => format!("{x:.2}"),
+    }
 }
 
 /// The table, in markdown: a row per scenario and figure, in the order they were first measured.
@@ -49,7 +53,7 @@ pub fn table(outcomes: &[Outcome]) -> String {
                 figures.push((f.what.as_str(), f.kind));
             }
         }
-        for (what, kind) in figures {
+        for &(what, kind) in &figures {
             let seen: Vec<_> =
                 runs.iter().flat_map(|o| &o.figures).filter(|f| f.what == what && f.kind == kind).collect();
             let measured: Vec<f64> = seen.iter().map(|f| f.measured).collect();
@@ -69,6 +73,11 @@ pub fn table(outcomes: &[Outcome]) -> String {
                 seen.len(),
                 runs.len()
             ));
+        }
+        if figures.is_empty() {
+            // e.g. a refusal read from the link's status: checked, but nothing measured
+            let passed = runs.iter().filter(|o| o.failure.is_none()).count();
+            rows.push(format!("| {name} | checks without a figure | gate | | | {passed} of {} | {} |", runs.len(), runs.len()));
         }
         let failed: Vec<&&Outcome> = runs.iter().filter(|o| o.failure.is_some()).collect();
         if let Some(first) = failed.first() {
