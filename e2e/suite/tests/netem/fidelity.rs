@@ -77,7 +77,11 @@ pub fn table(outcomes: &[Outcome]) -> String {
         if figures.is_empty() {
             // e.g. a refusal read from the link's status: checked, but nothing measured
             let passed = runs.iter().filter(|o| o.failure.is_none()).count();
-            rows.push(format!("| {name} | checks without a figure | gate | | | {passed} of {} | {} |", runs.len(), runs.len()));
+            rows.push(format!(
+                "| {name} | checks without a figure | gate | | | {passed} of {} | {} |",
+                runs.len(),
+                runs.len()
+            ));
         }
         let failed: Vec<&&Outcome> = runs.iter().filter(|o| o.failure.is_some()).collect();
         if let Some(first) = failed.first() {
