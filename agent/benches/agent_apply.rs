@@ -33,6 +33,7 @@ fn plan(fleet: &Fleet, version: u64, pods: usize, rate_base: u64) -> NodePlan {
                 PodPlan { namespace: "bench".into(), ..pod }
             })
             .collect(),
+        ..Default::default()
     }
 }
 
@@ -120,7 +121,7 @@ async fn main() {
         assert_eq!(observed.pods.iter().map(|p| p.destinations.len()).sum::<usize>(), PODS * DESTINATIONS);
         rss_after.push(agent.rss_kib());
         version += 1;
-        let (t, _) = timed_apply(NodePlan { node: NODE.into(), version, pods: vec![] }).await;
+        let (t, _) = timed_apply(NodePlan { node: NODE.into(), version, pods: vec![], ..Default::default() }).await;
         times[4].push(t);
         phase_peaks[4] = phase_peaks[4].max(agent.rss_kib().1);
         phase_after[4] = phase_after[4].max(agent.rss_kib().0);

@@ -6,6 +6,8 @@ pub mod ca_bundle;
 pub mod csr;
 pub mod datapath;
 pub mod emulator;
+pub mod explain;
+pub mod measure;
 pub mod metrics;
 pub mod netns;
 pub mod node;

@@ -4,6 +4,8 @@
 //!   and metrics over plain HTTP. SIGTERM/SIGINT stop it gracefully and leave every impairment in place.
 //! - `isthmus-agent cleanup`: remove every isthmus tree from every interface of every network namespace on the
 //!   node, then exit (the Helm uninstall hook).
+//! - `isthmus-agent explain`: print, as JSON, what is installed in one pod's namespace for one destination
+//!   (run by `kubectl isthmus explain` through the exec API; `isthmus_agent::explain`).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -16,8 +18,9 @@ use isthmus_agent::auth::{Callers, DEFAULT_OPERATOR_IDENTITY, Identity, IssuedCe
 use isthmus_agent::ca_bundle::TrustedBundle;
 use isthmus_agent::datapath::QueueBudget;
 use isthmus_agent::datapath::queue::{DEFAULT_BYTES_PER_DESTINATION, DEFAULT_BYTES_PER_POD};
+use isthmus_agent::measure::{self, ProbeConfig};
 use isthmus_agent::metrics::Metrics;
-use isthmus_agent::netns::Sources;
+use isthmus_agent::netns::{Netns, Sources};
 use isthmus_agent::node::{self, DatapathChoice, Node, NodeConfig};
 use isthmus_agent::server::{self, Health, Limits, PlainListener, TlsListener};
 use isthmus_agent_api::tls::TlsFiles;
@@ -46,6 +49,13 @@ enum Mode {
     },
     /// Remove every isthmus tree from every pod network namespace on the node, then exit.
     Cleanup {
+        #[command(flatten)]
+        common: CommonArgs,
+    },
+    /// Print, as JSON, what is installed in a pod's network namespace for one destination address.
+    Explain {
+        #[command(flatten)]
+        request: isthmus_agent::explain::ExplainRequest,
         #[command(flatten)]
         common: CommonArgs,
     },
@@ -161,6 +171,50 @@ struct ServeArgs {
     /// The datapath every pod of this node gets (docs/datapaths.md).
     #[arg(long, env = "ISTHMUS_DATAPATH", value_enum, default_value = "auto")]
     datapath: DatapathArg,
+    /// Probe the applied links and report what they measure (`GET /v1/measured`, the isthmus_link_rtt_seconds
+    /// and isthmus_link_probes_* metrics); `--verify=false` sends no probe at all.
+    #[arg(long, env = "ISTHMUS_VERIFY", default_value_t = true, action = clap::ArgAction::Set)]
+    verify: bool,
+    /// Probes per second this node sends at most, every link and both paths together (on average it sends
+    /// three quarters of this, see docs/datapaths.md#probing).
+    #[arg(long, env = "ISTHMUS_PROBE_RATE", default_value_t = 10.0, value_parser = positive_rate)]
+    probe_rate: f64,
+    /// (source pod, destination) pairs probed per link direction on this node.
+    #[arg(long, env = "ISTHMUS_PROBE_PAIRS_PER_LINK", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    probe_pairs_per_link: u32,
+    /// The measurement window (e.g. `30s`, `2m`): a probe counts in the window it was sent in, and the last
+    /// complete window is reported.
+    #[arg(long, env = "ISTHMUS_PROBE_WINDOW", default_value = "30s", value_parser = window)]
+    probe_window: Duration,
+    /// The network namespace baseline probes are sent from (a path such as /run/netns/node); empty: the
+    /// agent's own, the host's. For several simulated nodes sharing one kernel.
+    #[arg(long, env = "ISTHMUS_PROBE_BASELINE_NETNS")]
+    probe_baseline_netns: Option<PathBuf>,
+}
+
+fn positive_rate(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(rate) if rate.is_finite() && rate > 0.0 && rate <= 10_000.0 => Ok(rate),
+        Ok(rate) => Err(format!("{rate} is not a rate between 0 (excluded) and 10000 probes per second")),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// `30s`, `2m`, `500ms`, `1h`: at least one second, so that a window holds more than a few probes.
+fn window(text: &str) -> Result<Duration, String> {
+    let (number, unit) = text.split_at(text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len()));
+    let n: u64 = number.parse().map_err(|_| format!("{text:?}: expected a number and a unit, e.g. 30s"))?;
+    let window = match unit {
+        "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n * 60),
+        "h" => Duration::from_secs(n * 3600),
+        _ => return Err(format!("{text:?}: the unit is one of ms, s, m, h")),
+    };
+    if window < Duration::from_secs(1) {
+        return Err(format!("{text:?}: a window is at least 1s"));
+    }
+    Ok(window)
 }
 
 fn init_logging(format: LogFormat) {
@@ -193,6 +247,11 @@ fn main() -> anyhow::Result<()> {
         None => runtime.block_on(serve(cli.serve, cli.common)),
         Some(Mode::Serve { serve: args, common }) => runtime.block_on(serve(args, common)),
         Some(Mode::Cleanup { common }) => runtime.block_on(cleanup(common)),
+        Some(Mode::Explain { request, common }) => {
+            let report = runtime.block_on(isthmus_agent::explain::explain(sources(&common), request))?;
+            println!("{}", serde_json::to_string(&report).context("encoding the report")?);
+            Ok(())
+        }
     }
 }
 
@@ -263,6 +322,7 @@ async fn serve(args: ServeArgs, common: CommonArgs) -> anyhow::Result<()> {
             parallelism: common.parallelism,
             queue_budget,
             datapath: args.datapath.into(),
+            verify: args.verify,
         },
         metrics.clone(),
     )
@@ -274,6 +334,22 @@ async fn serve(args: ServeArgs, common: CommonArgs) -> anyhow::Result<()> {
         None => ReloadingTls::load_when_complete(tls_source, reload_interval).await,
     });
     let _reload = tls.clone().watch(reload_interval);
+    let _prober = if args.verify {
+        let baseline_netns = match args.probe_baseline_netns.as_ref().filter(|p| !p.as_os_str().is_empty()) {
+            None => None,
+            Some(path) => Some(Arc::new(Netns::open(path).context("opening --probe-baseline-netns")?)),
+        };
+        let config = ProbeConfig {
+            rate: args.probe_rate,
+            pairs_per_link: args.probe_pairs_per_link as usize,
+            window: args.probe_window,
+            baseline_netns,
+        };
+        tracing::info!(rate = config.rate, pairs_per_link = config.pairs_per_link, window = ?config.window, "probing the applied links");
+        Some(measure::spawn(node.clone(), config, metrics.clone()))
+    } else {
+        None
+    };
     let _resync = (args.resync_seconds > 0).then(|| node.spawn_resync(Duration::from_secs(args.resync_seconds)));
 
     let tcp = tokio::net::TcpListener::bind(args.listen)
@@ -338,5 +414,40 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = term.recv() => {}
         _ = int.recv() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probe_flags_parse_with_their_defaults_and_refuse_nonsense() {
+        let cli = Cli::parse_from(["isthmus-agent", "--node-name", "n"]);
+        assert!(cli.serve.verify);
+        assert_eq!((cli.serve.probe_rate, cli.serve.probe_pairs_per_link), (10.0, 4));
+        assert_eq!(cli.serve.probe_window, Duration::from_secs(30));
+        assert_eq!(cli.serve.probe_baseline_netns, None);
+        let cli = Cli::parse_from([
+            "isthmus-agent",
+            "--verify=false",
+            "--probe-rate",
+            "2.5",
+            "--probe-pairs-per-link",
+            "1",
+            "--probe-window",
+            "2m",
+        ]);
+        assert!(!cli.serve.verify);
+        assert_eq!((cli.serve.probe_rate, cli.serve.probe_pairs_per_link), (2.5, 1));
+        assert_eq!(cli.serve.probe_window, Duration::from_secs(120));
+        assert_eq!(window("1500ms"), Ok(Duration::from_millis(1500)));
+        for bad in ["", "30", "30d", "500ms", "s"] {
+            assert!(window(bad).is_err(), "{bad:?}");
+        }
+        for bad in ["0", "-1", "NaN", "inf", "20000"] {
+            assert!(positive_rate(bad).is_err(), "{bad:?}");
+        }
+        assert!(Cli::try_parse_from(["isthmus-agent", "--probe-pairs-per-link", "0"]).is_err());
     }
 }

@@ -1,6 +1,8 @@
 //! The agent's Prometheus metrics: per-link kernel counters (refreshed from the kernel at every scrape) and
 //! the agent's own apply and authentication counters.
 
+mod probe;
+
 use std::sync::{Arc, Mutex};
 
 use ipnet::IpNet;
@@ -17,6 +19,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+
+pub use self::probe::{DirectionLabel, ProbeLabels, ProbeMetrics};
 
 /// The source pod of link samples, shared by all its destinations.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -204,6 +208,8 @@ pub struct Metrics {
     pub forbidden_requests: Counter,
     pub gate: Family<GateLabels, Counter>,
     pub scrape_observes: Counter,
+    /// The link probes' round trips and losses (`crate::measure`).
+    pub probes: ProbeMetrics,
     /// The userspace loop's losses outside the emulators; brought up to the loop's totals under the lock, so
     /// that two observers never add one difference twice.
     loop_losses: std::sync::Mutex<Family<LoopLossLabels, Counter>>,
@@ -318,6 +324,7 @@ impl Metrics {
              send_error, malformed",
             loop_losses.clone(),
         );
+        let probes = ProbeMetrics::register(&mut registry);
         Self {
             loop_losses: std::sync::Mutex::new(loop_losses),
             registry,
@@ -338,6 +345,7 @@ impl Metrics {
             forbidden_requests,
             gate,
             scrape_observes,
+            probes,
         }
     }
 

@@ -103,6 +103,7 @@ async fn agent_apply_change_gc_shutdown_adopt_and_cleanup() {
         node: NODE.into(),
         version: 1,
         pods: vec![pod("uid-p", "p", &[t.pod_ip], vec![(t.dst1_ip, rate(20_000_000))])],
+        ..Default::default()
     };
     let reply = client.apply(agent.api, &v1).await.unwrap();
     assert!(!reply.stale);
@@ -172,6 +173,7 @@ async fn agent_apply_change_gc_shutdown_adopt_and_cleanup() {
             invalid,
             pod("uid-foreign", "foreign", &[t.dst1_ip], vec![(t.pod_ip, rate(1_000_000))]),
         ],
+        ..Default::default()
     };
     // A burst without a rate: no Impairment can say that, so the plan goes out as JSON.
     let mut v3 = serde_json::to_value(&v3).unwrap();
@@ -213,7 +215,7 @@ async fn agent_apply_change_gc_shutdown_adopt_and_cleanup() {
     assert!(metrics.contains("isthmus_agent_pod_errors_total{kind=\"ForeignQdisc\"} 1"), "{metrics}");
 
     // v4 drops the pod: its tree is removed, nothing is left over; the foreign qdisc stays.
-    let v4 = NodePlan { node: NODE.into(), version: 4, pods: vec![] };
+    let v4 = NodePlan { node: NODE.into(), version: 4, pods: vec![], ..Default::default() };
     let reply = client.apply(agent.api, &v4).await.unwrap();
     assert!(reply.leftovers.is_empty(), "{:?}", reply.leftovers);
     assert!(certs.metrics(agent.api).contains("isthmus_agent_leftover_trees 0"));
@@ -230,6 +232,7 @@ async fn agent_apply_change_gc_shutdown_adopt_and_cleanup() {
             pod("uid-p", "p", &[t.pod_ip], vec![(t.dst1_ip, rate(20_000_000))]),
             pod("uid-d2", "d2", &[t.dst2_ip], vec![(t.pod_ip, rate(20_000_000))]),
         ],
+        ..Default::default()
     };
     let reply = client.apply(agent.api, &v5).await.unwrap();
     assert!(reply.pods.iter().all(|r| r.outcome == PodOutcome::Applied), "{reply:?}");
@@ -253,6 +256,7 @@ async fn agent_apply_change_gc_shutdown_adopt_and_cleanup() {
         node: NODE.into(),
         version: 1,
         pods: vec![pod("uid-p", "p", &[t.pod_ip], vec![(t.dst1_ip, rate(20_000_000))])],
+        ..Default::default()
     };
     let reply = client.apply(agent.api, &v1_again).await.unwrap();
     assert_eq!(reply.pods[0].outcome, PodOutcome::Applied);
@@ -340,6 +344,7 @@ async fn agent_apply_reuses_the_pods_connection_follows_a_new_sandbox_and_resync
         node: NODE.into(),
         version,
         pods: vec![pod("uid-r", "r", &[pod_ip], vec![(dst1, rate(20_000_000)), (dst2, rate(30_000_000))])],
+        ..Default::default()
     };
     let opened = |agent: &Agent| metric(&certs, agent, "isthmus_agent_datapath_connections_opened_total");
     let record_path = |agent: &Agent| metric(&certs, agent, "isthmus_agent_reconciles_total{path=\"record\"}");

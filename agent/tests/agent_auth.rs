@@ -82,7 +82,7 @@ async fn agent_auth_only_the_operator_is_served() {
     assert!(err.is_forbidden(), "{err}");
     assert!(err.to_string().contains("neither the operator's nor the scraper's"), "{err}");
     // The same for a plan: nothing is applied.
-    let plan = isthmus_agent_api::NodePlan { node: NODE.into(), version: 1, pods: vec![] };
+    let plan = isthmus_agent_api::NodePlan { node: NODE.into(), version: 1, pods: vec![], ..Default::default() };
     assert!(certs.client_from(&other_dir).apply(agent.api, &plan).await.unwrap_err().is_forbidden());
     let observed = certs.operator().observed(agent.api, NODE).await.unwrap();
     assert_eq!(observed.version, 0, "the refused plan was not applied");

@@ -30,6 +30,7 @@ fn plan(fleet: &Fleet, version: u64, pods: usize, shift: usize, rate_base: u64) 
                 pod(&format!("uid-{i}"), &format!("pod-{i}"), &[fleet.ips[i]], destinations.collect())
             })
             .collect(),
+        ..Default::default()
     }
 }
 

@@ -124,10 +124,16 @@ async fn agent_privileges_net_admin_sys_admin_sys_ptrace_suffice_and_each_is_nee
                 node: NODE.into(),
                 version,
                 pods: vec![pod("pinned", pinned_ip, peer_ip), pod("process", process_ip, peer_ip)],
+                ..Default::default()
             };
             let reply = client.apply(agent.api, &plan).await.unwrap();
             // Leave nothing behind for the next agent (if this one may remove it).
-            let _ = client.apply(agent.api, &NodePlan { node: NODE.into(), version: version + 1, pods: vec![] }).await;
+            let _ = client
+                .apply(
+                    agent.api,
+                    &NodePlan { node: NODE.into(), version: version + 1, pods: vec![], ..Default::default() },
+                )
+                .await;
             reply.pods
         }
     };
@@ -172,9 +178,10 @@ async fn agent_privileges_the_userspace_datapath_needs_net_raw_as_well() {
     let client = certs.operator();
     let apply_with = async |caps: &[&str], version: u64| {
         let agent = Agent::start_with_caps(&options, Some(caps));
-        let plan = NodePlan { node: NODE.into(), version, pods: vec![pod("pinned", pod_ip, peer_ip)] };
+        let plan =
+            NodePlan { node: NODE.into(), version, pods: vec![pod("pinned", pod_ip, peer_ip)], ..Default::default() };
         let reply = client.apply(agent.api, &plan).await.unwrap();
-        let empty = NodePlan { node: NODE.into(), version: version + 1, pods: vec![] };
+        let empty = NodePlan { node: NODE.into(), version: version + 1, pods: vec![], ..Default::default() };
         client.apply(agent.api, &empty).await.unwrap();
         assert!(!ip(&["-n", &pod_ns.name, "-o", "link"]).contains("isth-u0"), "the capture stayed after an empty plan");
         reply.pods

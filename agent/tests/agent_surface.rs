@@ -34,7 +34,7 @@ fn plan(fleet: &Fleet, version: u64) -> NodePlan {
         });
         pod(&format!("uid-{i}"), &format!("p{i}"), &[fleet.ips[i]], destinations.collect())
     });
-    NodePlan { node: NODE.into(), version, pods: pods.collect() }
+    NodePlan { node: NODE.into(), version, pods: pods.collect(), ..Default::default() }
 }
 
 async fn connect_from(source: [u8; 4], to: SocketAddr) -> std::io::Result<TcpStream> {

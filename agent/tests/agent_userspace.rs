@@ -23,7 +23,7 @@ fn latency(ms: u64) -> Impairment {
 fn plan(version: u64, pod_ip: IpAddr, to: &[(IpAddr, u64)]) -> NodePlan {
     let destinations = to.iter().map(|(ip, ms)| destination(*ip, latency(*ms), link("wan"))).collect();
     let pods = if to.is_empty() { vec![] } else { vec![pod("uid-u", "client", &[pod_ip], destinations)] };
-    NodePlan { node: NODE.into(), version, pods }
+    NodePlan { node: NODE.into(), version, pods, ..Default::default() }
 }
 
 fn probe(from: &Ns, dst: IpAddr, count: u32) -> f64 {
@@ -126,7 +126,10 @@ async fn one_agent_emulates_100_pods_with_10_destinations_each() {
             pod(&format!("uid-{i}"), &format!("pod-{i}"), &[*ip], destinations)
         })
         .collect();
-    let reply = operator.apply(agent.api, &NodePlan { node: NODE.into(), version: 1, pods }).await.unwrap();
+    let reply = operator
+        .apply(agent.api, &NodePlan { node: NODE.into(), version: 1, pods, ..Default::default() })
+        .await
+        .unwrap();
     let failed: Vec<_> = reply.pods.iter().filter(|p| p.outcome != PodOutcome::Applied).collect();
     assert!(failed.is_empty() && reply.pods.len() == PODS, "{failed:?}\n{}", agent.log_text());
     for ns in [&fleet.pods[0], &fleet.pods[PODS - 1]] {
@@ -137,7 +140,10 @@ async fn one_agent_emulates_100_pods_with_10_destinations_each() {
     let (rss, peak) = agent.rss_kib();
     println!("agent with {PODS} pods × 10 destinations: RSS {} MiB, peak {} MiB", rss / 1024, peak / 1024);
     assert!(peak < 100 * 1024, "the agent's peak RSS {peak} KiB exceeds 100 MiB");
-    let reply = operator.apply(agent.api, &NodePlan { node: NODE.into(), version: 2, pods: vec![] }).await.unwrap();
+    let reply = operator
+        .apply(agent.api, &NodePlan { node: NODE.into(), version: 2, pods: vec![], ..Default::default() })
+        .await
+        .unwrap();
     assert!(reply.pods.is_empty());
     let left: Vec<&str> = fleet.pods.iter().filter(|ns| has_capture(ns)).map(|ns| ns.name.as_str()).collect();
     assert!(left.is_empty(), "captures left after an empty plan: {left:?}");

@@ -88,6 +88,7 @@ fn link(ns: &str, name: &str, from: LabelSelector, to: LabelSelector) -> (Object
         one_way: false,
         profile: None,
         priority: 0,
+        verify: None,
     };
     let mut l = NetworkLink::new(name, spec);
     l.metadata.namespace = Some(ns.into());

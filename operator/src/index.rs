@@ -169,6 +169,8 @@ pub struct LinkInfo {
     pub to_summary: String,
     pub generation: Option<i64>,
     pub compiled: Result<(LinkSelectors, ResolvedImpairments), SpecError>,
+    /// `spec.verify` (default true): whether the agents probe the link's pairs.
+    pub verify: bool,
 }
 
 fn selector(field: &str, s: &LabelSelector) -> Result<Selector, SpecError> {
@@ -223,6 +225,7 @@ impl LinkInfo {
             to_summary,
             generation: link.metadata.generation,
             compiled,
+            verify: link.spec.verify.unwrap_or(true),
         };
         (key, info)
     }

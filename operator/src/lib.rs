@@ -17,6 +17,7 @@ pub mod failure;
 pub mod gate;
 pub mod index;
 pub mod leader;
+pub mod measure;
 pub mod metrics;
 pub mod pki;
 pub mod plan;

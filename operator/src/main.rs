@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Parser;
 use isthmus_agent_api::client::{AgentClient, ClientConfig};
+use isthmus_operator::controller::measure::MeasureConfig;
 use isthmus_operator::controller::nodes::DispatchConfig;
 use isthmus_operator::controller::version::Backoff;
 use isthmus_operator::controller::watch::AgentSelector;
@@ -99,6 +100,21 @@ struct Args {
     /// its links are admitted in rank order and the rest refused for that pod.
     #[arg(long, env = "ISTHMUS_MAX_DESTINATIONS_PER_POD", default_value_t = DEFAULT_DESTINATIONS_PER_POD)]
     max_destinations_per_pod: u32,
+    /// Whether links are verified at all: false leaves every link without `status.measured` and `Conformant`
+    /// and polls no agent (the chart's `verification.enabled`, which also switches the agents' probes off).
+    #[arg(long, env = "ISTHMUS_VERIFY", default_value_t = true, action = clap::ArgAction::Set)]
+    verify: bool,
+    /// How often the leader asks every agent for its latest probe windows (e.g. `10s`).
+    #[arg(long, env = "ISTHMUS_MEASURE_INTERVAL", default_value = "10s", value_parser = parse_interval)]
+    measure_interval: Duration,
+}
+
+fn parse_interval(s: &str) -> Result<Duration, String> {
+    match isthmus_operator::units::parse_duration(s) {
+        Ok(d) if d >= Duration::from_secs(1) => Ok(d),
+        Ok(_) => Err("must be at least 1s: every poll asks every node's agent".into()),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -288,6 +304,7 @@ impl Args {
             cleanup_timeout: Duration::from_secs(self.cleanup_timeout_seconds),
             field_manager: "isthmus-operator".into(),
             limits,
+            measure: MeasureConfig { enabled: self.verify, interval: self.measure_interval },
         })
     }
 }

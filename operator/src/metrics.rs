@@ -1,5 +1,6 @@
 //! The operator's Prometheus metrics.
 
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -27,6 +28,16 @@ pub struct ResultLabels {
     pub result: String,
 }
 
+/// One direction of one NetworkLink: bounded by the links, never per pod or IP.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct LinkLabels {
+    pub namespace: String,
+    pub link: String,
+    pub direction: String,
+}
+
+type FloatGauge = Gauge<f64, AtomicU64>;
+
 pub struct Metrics {
     pub registry: Registry,
     pub reconciles: Counter,
@@ -40,6 +51,11 @@ pub struct Metrics {
     pub status_patches: Family<ResultLabels, Counter>,
     pub gate_patches: Family<ResultLabels, Counter>,
     pub leader: Gauge,
+    /// What each verified link's configuration predicts for a probe's round trip, without the path's baseline.
+    pub link_expected_rtt: Family<LinkLabels, FloatGauge>,
+    pub link_expected_loss: Family<LinkLabels, FloatGauge>,
+    /// 1 conformant, 0 not; absent while unmeasured.
+    pub link_conformant: Family<LinkLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -50,7 +66,8 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("isthmus_operator");
+        let mut root = Registry::default();
+        let registry = root.sub_registry_with_prefix("isthmus_operator");
         let m = Metrics {
             reconciles: Counter::default(),
             reconcile_duration: Histogram::new(exponential_buckets(0.0001, 4.0, 10)),
@@ -63,6 +80,9 @@ impl Metrics {
             status_patches: Family::default(),
             gate_patches: Family::default(),
             leader: Gauge::default(),
+            link_expected_rtt: Family::default(),
+            link_expected_loss: Family::default(),
+            link_conformant: Family::default(),
             registry: Registry::default(),
         };
         registry.register("reconciles", "Plan recomputations after a batch of watch events", m.reconciles.clone());
@@ -88,7 +108,25 @@ impl Metrics {
             m.gate_patches.clone(),
         );
         registry.register("leader", "1 while this replica holds the leader lease", m.leader.clone());
-        Metrics { registry, ..m }
+        // Per link, beside the agents' isthmus_link_rtt_seconds and probe counters, so that a dashboard puts
+        // configured and measured side by side under one prefix.
+        let links = root.sub_registry_with_prefix("isthmus_link");
+        links.register(
+            "expected_rtt_seconds",
+            "Round trip the link's configuration adds to a probe (latency out and back plus serialization), without the path's baseline",
+            m.link_expected_rtt.clone(),
+        );
+        links.register(
+            "expected_loss_ratio",
+            "Share of probes the link's configuration loses on the round trip (mean loss and corruption, both directions)",
+            m.link_expected_loss.clone(),
+        );
+        links.register(
+            "conformant",
+            "1 when the link direction's measured RTT and loss are within tolerance, 0 when not; absent while unmeasured",
+            m.link_conformant.clone(),
+        );
+        Metrics { registry: root, ..m }
     }
 
     pub fn agent_call(&self, node: &str, took: Duration, error: Option<CallErrorKind>) {
@@ -106,6 +144,33 @@ impl Metrics {
     /// A readiness gate write: `ok`, `gone` (the pod was deleted or replaced) or `error`.
     pub fn gate_patch(&self, result: &str) {
         self.gate_patches.get_or_create(&ResultLabels { result: result.into() }).inc();
+    }
+
+    /// One link direction's expectations and verdict (`None`: unmeasured, so no conformance series).
+    pub fn link_verdict(
+        &self,
+        labels: &LinkLabels,
+        expected_rtt: Duration,
+        expected_loss: f64,
+        conformant: Option<bool>,
+    ) {
+        self.link_expected_rtt.get_or_create(labels).set(expected_rtt.as_secs_f64());
+        self.link_expected_loss.get_or_create(labels).set(expected_loss);
+        match conformant {
+            Some(c) => {
+                self.link_conformant.get_or_create(labels).set(i64::from(c));
+            }
+            None => {
+                self.link_conformant.remove(labels);
+            }
+        }
+    }
+
+    /// Forgets a link direction (the link is gone or no longer verified).
+    pub fn forget_link(&self, labels: &LinkLabels) {
+        self.link_expected_rtt.remove(labels);
+        self.link_expected_loss.remove(labels);
+        self.link_conformant.remove(labels);
     }
 
     /// The text exposition format.
@@ -128,5 +193,21 @@ mod tests {
         let text = m.encode();
         assert!(text.contains(r#"isthmus_operator_agent_call_errors_total{node="n1",kind="connect"} 1"#), "{text}");
         assert!(text.contains(r#"isthmus_operator_agent_calls_total{node="n1"} 2"#), "{text}");
+    }
+
+    #[test]
+    fn link_series_appear_and_go_with_their_verdicts() {
+        let m = Metrics::new();
+        let l = LinkLabels { namespace: "ns".into(), link: "l".into(), direction: "forward".into() };
+        m.link_verdict(&l, Duration::from_millis(120), 0.01, Some(false));
+        let text = m.encode();
+        let labels = r#"{namespace="ns",link="l",direction="forward"}"#;
+        assert!(text.contains(&format!("isthmus_link_expected_rtt_seconds{labels} 0.12")), "{text}");
+        assert!(text.contains(&format!("isthmus_link_expected_loss_ratio{labels} 0.01")), "{text}");
+        assert!(text.contains(&format!("isthmus_link_conformant{labels} 0")), "{text}");
+        m.link_verdict(&l, Duration::from_millis(120), 0.01, None);
+        assert!(!m.encode().contains("isthmus_link_conformant{"), "unmeasured: no conformance series");
+        m.forget_link(&l);
+        assert!(!m.encode().contains("isthmus_link_expected_rtt_seconds{"));
     }
 }

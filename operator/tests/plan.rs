@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 use isthmus_agent_api::{Direction, NodePlan};
-use isthmus_operator::api::ServiceInclusion;
+use isthmus_operator::api::{NetworkLinkSpec, ServiceInclusion};
 use isthmus_operator::controller::status::fill_status;
 use isthmus_operator::failure::FailureReason;
 use isthmus_operator::index::ObjectKey;
@@ -58,6 +58,28 @@ fn sources_get_every_destination_ip_dual_stack() {
     assert!(p.node_plan("n3").is_none(), "the server is not a source");
     let facts = p.link_facts(&ObjectKey::new("shop", "slow")).unwrap();
     assert_eq!((facts.source_pods, facts.destinations, facts.pairs), (2, 2, 4));
+}
+
+/// A one-way link's way back is what the plan applies in the other direction: another link's impairment, or none.
+#[test]
+fn the_way_back_of_a_one_way_link_is_the_opposite_link() {
+    let mut p = Planner::new();
+    let (k, v) = pod("geo", "eu-0", "eu", "n1", &["10.0.0.1"]);
+    p.upsert_pod(k, v);
+    let (k, v) = pod("geo", "us-0", "us", "n2", &["10.0.0.2"]);
+    p.upsert_pod(k, v);
+    let (k, v) = pod("geo", "ap-0", "ap", "n2", &["10.0.0.3"]);
+    p.upsert_pod(k, v);
+    let one_way = |from, to, ms| NetworkLinkSpec { one_way: true, ..spec(from, to, ms) };
+    for (name, from, to, ms) in [("eu-us", "eu", "us", 20), ("us-eu", "us", "eu", 25), ("eu-ap", "eu", "ap", 30)] {
+        let (k, v) = link("geo", name, 100, one_way(from, to, ms));
+        p.upsert_link(k, v);
+    }
+    p.recompute();
+    let back = p.way_back(&ObjectKey::new("geo", "eu-us")).expect("us-eu impairs the way back");
+    assert_eq!(back.fields().latency, ms(25));
+    assert_eq!(p.way_back(&ObjectKey::new("geo", "us-eu")).unwrap().fields().latency, ms(20));
+    assert!(p.way_back(&ObjectKey::new("geo", "eu-ap")).is_none(), "nothing impairs ap → eu");
 }
 
 /// Pods without IPs, not running or terminating are neither sources nor destinations, and are not failures.

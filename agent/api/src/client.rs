@@ -26,6 +26,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::identity::{NodeNameError, node_server_name};
+use crate::measure::{MEASURED_PATH, MeasuredState};
 pub use crate::tls::{TlsError, TlsFiles};
 use crate::tls::{TlsMaterial, crypto_provider};
 use crate::{
@@ -176,6 +177,11 @@ impl AgentClient {
     /// What is installed on `node`, with the kernel's counters (`GET /v1/observed`).
     pub async fn observed(&self, agent: SocketAddr, node: &str) -> Result<ObservedState, ClientError> {
         self.call::<(), _>(agent, node, Method::GET, OBSERVED_PATH, None, "observed state").await
+    }
+
+    /// What the agent on `node` measured over its last complete probe windows (`GET /v1/measured`).
+    pub async fn measured(&self, agent: SocketAddr, node: &str) -> Result<MeasuredState, ClientError> {
+        self.call::<(), _>(agent, node, Method::GET, MEASURED_PATH, None, "measured state").await
     }
 
     /// What the kernel of `node` can do (`GET /v1/capabilities`).

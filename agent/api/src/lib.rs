@@ -5,9 +5,11 @@
 
 #[cfg(feature = "client")]
 pub mod client;
+pub mod explain;
 mod groups;
 pub mod identity;
 pub mod impairment;
+pub mod measure;
 pub mod plan;
 #[cfg(feature = "test-util")]
 pub mod test_util;

@@ -91,6 +91,21 @@ pub struct NodePlan {
     /// Monotonic; a plan with a lower version than the last applied one is refused as stale.
     pub version: u64,
     pub pods: Vec<PodPlan>,
+    /// Links whose `spec.verify` is false: the agent does not probe their pairs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unverified: Vec<LinkId>,
+    /// Destinations that are not pods — Service ClusterIPs and `to.cidrs` networks: never probed (a ClusterIP
+    /// does not answer, and isthmus sends nothing to networks outside the cluster).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unprobed: Vec<IpNet>,
+}
+
+/// A NetworkLink by namespace and name (both directions).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LinkId {
+    pub namespace: String,
+    pub name: String,
 }
 
 /// Why one pod's plan could not be applied. `kind` is stable (for status reasons and metrics); `message` is

@@ -14,12 +14,13 @@
 //! - `socket`: the netlink sockets, created inside the namespace (entered the one way `crate::netns` has).
 //! - `reconcile`: the thin shell — dump, diff, send (`Datapath::reconcile`), or diff against the record of the
 //!   last call and send (`Datapath::update`) — over those sockets; `read`: the views of a dump (`observe`,
-//!   `installed`).
+//!   `installed`); [`explain`]: one destination address's path through the tree, for `isthmus-agent explain`.
 
 mod batch;
 mod desired;
 pub mod diff;
 pub mod error;
+pub mod explain;
 pub mod handles;
 pub mod installed;
 pub mod model;

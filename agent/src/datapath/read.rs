@@ -68,7 +68,10 @@ impl Datapath {
     }
 
     /// The interface's dump and the isthmus objects in it; `None` when no isthmus tree is there.
-    async fn dump_isthmus_tree(&self, interface: &str) -> Result<Option<(Place, Dump, Vec<TcObject>)>, DatapathError> {
+    pub(super) async fn dump_isthmus_tree(
+        &self,
+        interface: &str,
+    ) -> Result<Option<(Place, Dump, Vec<TcObject>)>, DatapathError> {
         let place = self.place(interface);
         let ifindex = self.ifindex(interface).await?;
         let dump = self.dump(&place, ifindex).await?;

@@ -16,7 +16,7 @@
 
 mod bucket;
 mod netem;
-mod random;
+pub(crate) mod random;
 
 use std::collections::VecDeque;
 

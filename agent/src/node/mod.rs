@@ -48,10 +48,11 @@ use isthmus_agent_api::{ApplyReply, Capabilities, DatapathKind, ObservedState};
 
 pub use self::apply::ApplyError;
 pub use self::cleanup::cleanup;
-pub use self::plan::{PlanPod, RawNodePlan};
+pub use self::plan::{Destination, PlanPod, RawNodePlan};
 use self::state::{Applied, Snapshot};
 use self::trees::Trees;
 use crate::datapath::QueueBudget;
+use crate::measure::{Measurements, ProbeView};
 use crate::metrics::Metrics;
 use crate::netns::{Resolver, Sources};
 
@@ -65,6 +66,8 @@ pub struct NodeConfig {
     /// What each pod's queues may hold (`crate::datapath::queue`).
     pub queue_budget: QueueBudget,
     pub datapath: DatapathChoice,
+    /// Whether the applied plans' links are probed (`--verify`); off, the node keeps no view for a prober.
+    pub verify: bool,
 }
 
 /// Which datapath the agent gives its pods.
@@ -95,6 +98,7 @@ pub struct Node {
     applied: tokio::sync::Mutex<Applied>,
     snapshot: RwLock<Arc<Snapshot>>,
     metrics: Arc<Metrics>,
+    measurements: Measurements,
 }
 
 impl Node {
@@ -114,12 +118,13 @@ impl Node {
             DatapathKind::Userspace => Some(crate::userspace::Userspace::start().await?),
         };
         let resolver = Resolver::new(config.sources.clone())?;
+        let (config_name, verify) = (config.name.clone(), config.verify);
         let adopted = adopt::find_installed(&config.sources, Some(resolver.own_id()), config.parallelism).await?;
         for entry in &adopted {
             tracing::info!(netns = %entry.netns.id(), interface = %entry.interface, "adopted an installed isthmus tree");
         }
         release_freed_memory();
-        let snapshot = Snapshot { version: 0, pods: Vec::new(), adopted: adopted.clone() };
+        let snapshot = Snapshot { version: 0, pods: Vec::new(), adopted: adopted.clone(), probe: None };
         Ok(Arc::new(Self {
             trees: Trees::new(metrics.clone(), config.parallelism, userspace),
             config,
@@ -128,6 +133,7 @@ impl Node {
             applied: tokio::sync::Mutex::new(Applied { adopted, ..Applied::default() }),
             snapshot: RwLock::new(Arc::new(snapshot)),
             metrics,
+            measurements: Measurements::new(&config_name, verify),
         }))
     }
 
@@ -137,6 +143,17 @@ impl Node {
 
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
+    }
+
+    /// What the prober probes: the plan in force's applied pods; `None` before the first plan or with
+    /// verification off.
+    pub fn probe_view(&self) -> Option<Arc<ProbeView>> {
+        self.snapshot.read().unwrap_or_else(|p| p.into_inner()).probe.clone()
+    }
+
+    /// The prober's last complete windows (`GET /v1/measured`).
+    pub fn measurements(&self) -> &Measurements {
+        &self.measurements
     }
 
     /// Applies a plan on a thread of its own (it completes even if the caller goes away).

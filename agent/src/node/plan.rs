@@ -7,9 +7,11 @@ use std::hash::Hash;
 use std::sync::Arc;
 
 use ipnet::IpNet;
-use isthmus_agent_api::{Impairment, ImpairmentFields, LinkRef, NodePlan, PodPlan};
+use isthmus_agent_api::{Impairment, ImpairmentFields, LinkId, LinkRef, NodePlan, PodPlan};
 use serde::Deserialize;
 use serde_json::value::RawValue;
+
+use crate::measure::ProbeFilter;
 
 /// A plan whose pods are parsed one by one, so that one malformed pod does not reject the whole plan.
 #[derive(Debug)]
@@ -17,6 +19,8 @@ pub struct RawNodePlan {
     pub node: String,
     pub version: u64,
     pub pods: Vec<PlanPod>,
+    /// What the prober must leave alone (`unverified` links, `unprobed` destinations).
+    pub probe_filter: ProbeFilter,
 }
 
 /// One entry of a plan's `pods`.
@@ -40,6 +44,10 @@ struct Envelope<'a> {
     version: u64,
     #[serde(default, borrow)]
     pods: Vec<&'a RawValue>,
+    #[serde(default)]
+    unverified: Vec<LinkId>,
+    #[serde(default)]
+    unprobed: Vec<IpNet>,
 }
 
 impl RawNodePlan {
@@ -48,7 +56,8 @@ impl RawNodePlan {
         let envelope: Envelope<'_> = serde_json::from_slice(json)?;
         let mut interner = Interner::default();
         let pods = envelope.pods.into_iter().map(|pod| PlanPod::parse(pod, &mut interner)).collect();
-        Ok(Self { node: envelope.node, version: envelope.version, pods })
+        let probe_filter = ProbeFilter { unverified: envelope.unverified, unprobed: envelope.unprobed };
+        Ok(Self { node: envelope.node, version: envelope.version, pods, probe_filter })
     }
 }
 
@@ -59,6 +68,7 @@ impl From<&NodePlan> for RawNodePlan {
             node: plan.node.clone(),
             version: plan.version,
             pods: plan.pods.iter().cloned().map(|pod| PlanPod::valid(pod, &mut interner)).collect(),
+            probe_filter: ProbeFilter { unverified: plan.unverified.clone(), unprobed: plan.unprobed.clone() },
         }
     }
 }
@@ -216,7 +226,7 @@ mod tests {
                     test_util::pod(&format!("u{p}"), &format!("p{p}"), &["10.0.0.1".parse().unwrap()], dests)
                 })
                 .collect();
-            serde_json::to_vec(&NodePlan { node: "n".into(), version: 3, pods }).unwrap()
+            serde_json::to_vec(&NodePlan { node: "n".into(), version: 3, pods, ..Default::default() }).unwrap()
         }
 
         fn check(plan: &RawNodePlan) -> Result<(), TestCaseError> {

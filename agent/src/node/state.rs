@@ -10,6 +10,7 @@ use isthmus_agent_api::{LeftoverTree, LinkRef, PodResult};
 use super::plan::Destination;
 use super::trees::{PodDatapath, Removal};
 use crate::datapath::{DatapathError, DesiredState, QueueBudget};
+use crate::measure::{ProbeFilter, ProbeView};
 use crate::metrics::PodName;
 use crate::netns::Netns;
 
@@ -67,6 +68,8 @@ pub(super) struct Applied {
     /// Trees that could not be removed: tried again with the next plan, reported until they go.
     pub leftovers: Vec<Leftover>,
     pub last_results: Vec<PodResult>,
+    /// What the prober must leave alone, from the plan in force.
+    pub probe_filter: ProbeFilter,
 }
 
 /// A tree the agent could not remove, and why.
@@ -114,4 +117,6 @@ pub(super) struct Snapshot {
     pub version: u64,
     pub pods: Vec<(String, Arc<InstalledPod>)>,
     pub adopted: Vec<AdoptedEntry>,
+    /// What the prober works from; `None` when verification is off.
+    pub probe: Option<Arc<ProbeView>>,
 }

@@ -1,5 +1,5 @@
 //! The agent's two listeners (see [`listen`] for the connection gate in front of each):
-//! - the API (`PUT /v1/plan`, `GET /v1/observed`, `GET /v1/capabilities`, `GET /metrics`): HTTP/1.1 + JSON over
+//! - the API (`PUT /v1/plan`, `GET /v1/observed`, `GET /v1/capabilities`, `GET /v1/measured`, `GET /metrics`): HTTP/1.1 + JSON over
 //!   mutual TLS; everything for the operator, `/metrics` also for the scraper identity (see [`crate::auth`]);
 //! - health (`/healthz`, `/readyz`): plain HTTP on its own address, for kubelet probes. It carries neither
 //!   control nor anything about tenants.
@@ -18,6 +18,7 @@ use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
+use isthmus_agent_api::measure::MEASURED_PATH;
 use isthmus_agent_api::{CAPABILITIES_PATH, ErrorBody, MAX_PLAN_BYTES, OBSERVED_PATH, PLAN_PATH};
 use tokio::time::Instant;
 
@@ -49,6 +50,7 @@ pub fn api_router(node: Arc<Node>, metrics: Arc<Metrics>) -> Router {
         .route(PLAN_PATH, put(put_plan))
         .route(OBSERVED_PATH, get(get_observed))
         .route(CAPABILITIES_PATH, get(get_capabilities))
+        .route(MEASURED_PATH, get(get_measured))
         .layer(DefaultBodyLimit::max(MAX_PLAN_BYTES))
         .layer(middleware::from_fn_with_state((metrics.clone(), &[Caller::Operator][..]), require_caller))
         .with_state(node);
@@ -147,6 +149,11 @@ async fn get_observed(State(node): State<Arc<Node>>) -> Response {
 
 async fn get_capabilities(State(node): State<Arc<Node>>) -> Response {
     axum::Json(node.capabilities().clone()).into_response()
+}
+
+/// The prober's last complete windows; `enabled: false` with `--verify=false`.
+async fn get_measured(State(node): State<Arc<Node>>) -> Response {
+    axum::Json(node.measurements().current()).into_response()
 }
 
 /// Serves the API until `shutdown` resolves; in-flight requests finish first.

@@ -431,6 +431,9 @@ impl Agent {
             // The tests read the tc trees the agent installs; this kernel has no netem, so `auto` would give
             // every pod the userspace datapath. A test of that one sets ISTHMUS_DATAPATH.
             .env("ISTHMUS_DATAPATH", "tc")
+            // Probes would leave the test's namespaces: baseline probes go from the agent's own namespace, the
+            // machine's. A test of probing turns it on with a baseline namespace of its own.
+            .env("ISTHMUS_VERIFY", "false")
             .stdout(Stdio::null())
             .stderr(log_file);
         for (k, v) in &options.extra_env {

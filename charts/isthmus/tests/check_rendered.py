@@ -83,7 +83,8 @@ def main():
     check(pod.get("automountServiceAccountToken") is True, "agent: a pod-bound token (for its certificate request)")
     check(sc.get("privileged") is False, "agent: not privileged")
     check(sc.get("readOnlyRootFilesystem") is True, "agent: read-only root")
-    caps = ["NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE"] if variant == "tc" else ["NET_ADMIN", "NET_RAW", "SYS_ADMIN", "SYS_PTRACE"]
+    # NET_RAW: the userspace datapath's sockets, and the verification probes' raw sockets.
+    caps = ["NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE"] if variant == "tc-unverified" else ["NET_ADMIN", "NET_RAW", "SYS_ADMIN", "SYS_PTRACE"]
     check(sc["capabilities"] == {"drop": ["ALL"], "add": caps}, f"agent: capabilities {caps}")
     check(pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault", "agent: seccomp")
     check(ds["spec"]["updateStrategy"]["type"] == "RollingUpdate", "agent: RollingUpdate")
@@ -92,7 +93,7 @@ def main():
     for m in agent["volumeMounts"]:
         check(m.get("readOnly") is True, f"agent: mount {m['mountPath']} read-only")
     env = {e["name"]: e for e in agent["env"]}
-    check(env["ISTHMUS_DATAPATH"]["value"] == ("tc" if variant == "tc" else "auto"), "agent: ISTHMUS_DATAPATH")
+    check(env["ISTHMUS_DATAPATH"]["value"] == ("tc" if variant.startswith("tc") else "auto"), "agent: ISTHMUS_DATAPATH")
     check(env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName", "agent: NODE_NAME from the downward API")
     # whole decimal numbers (the agent parses u64), never Helm's float form 1.6777216e+07
     queue = {"default": ("16777216", "67108864"), "queue": ("1073741824", "4294967296")}.get(variant, ("16777216", "67108864"))

@@ -67,6 +67,7 @@ variants=(
   "tolerations|chaos|chaos-tools|-f $work/tolerations.yaml"
   "queue|isthmus|isthmus-system|--set agent.queue.bytesPerDestination=1073741824 --set agent.queue.bytesPerPod=4294967296"
   "tc|isthmus|isthmus-system|--set agent.datapath=tc"
+  "tc-unverified|isthmus|isthmus-system|--set agent.datapath=tc --set verification.enabled=false"
   "minimal|lab|lab|--set operator.leaderElection=false --set uninstall.enabled=false --set fullnameOverride=netlab --set-json imagePullSecrets=[{\"name\":\"regcred\"}]"
 )
 for v in "${variants[@]}"; do
@@ -80,6 +81,22 @@ for v in "${variants[@]}"; do
   python3 "$CHART/tests/check_rendered.py" "$work/$name.yaml" "$name" || fail "rendered objects ($name)"
 done
 step "helm lint --strict and helm template: ${#variants[@]} value sets, rendered objects checked"
+# Verification, scrape objects and the dashboard: off by default; on, every object is there, the flags follow the
+# values, the ConfigMap holds the dashboard file verbatim, and every metric the dashboard queries is one the
+# agent's or the operator's real registry holds (operator/tests/dashboard.rs, run on the rendered copy).
+monitoring_args=(--set metrics.serviceMonitor.enabled=true --set metrics.podMonitor.enabled=true
+  --set grafana.dashboard.enabled=true --set verification.enabled=false --set verification.probesPerSecond=25
+  --set verification.pairsPerLink=2 --set verification.window=60s --set verification.measureInterval=15s)
+"$HELM" lint "$CHART" --strict --kube-version "$KUBE_VERSION" "${monitoring_args[@]}" >"$work/lint-monitoring.log" 2>&1 ||
+  { cat "$work/lint-monitoring.log"; fail "helm lint (monitoring)"; }
+"$HELM" template isthmus "$CHART" --kube-version "$KUBE_VERSION" --namespace isthmus-system --skip-crds \
+  "${monitoring_args[@]}" >"$work/monitoring.yaml" || fail "helm template (monitoring)"
+python3 "$CHART/tests/check_rendered.py" "$work/monitoring.yaml" monitoring || fail "rendered objects (monitoring)"
+python3 "$CHART/tests/check_monitoring.py" "$work/default.yaml" "$work/monitoring.yaml" "$CHART/dashboards/isthmus-links.json" \
+  "$work/dashboard.json" || fail "verification, monitoring and dashboard objects"
+ISTHMUS_DASHBOARD_JSON="$work/dashboard.json" cargo test -q -p isthmus-operator --test dashboard >"$work/dashboard-test.log" 2>&1 ||
+  { tail -20 "$work/dashboard-test.log"; fail "the dashboard queries metrics that no registry holds"; }
+step "verification flags, ServiceMonitor/PodMonitor and the Grafana dashboard ConfigMap rendered only when on; every dashboard metric is registered"
 # The CA-key check itself: a rendered Secret holding a CA certificate with a key must be refused.
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "$work/ca.key" -subj /CN=ca -days 1 \
   -addext basicConstraints=critical,CA:TRUE -out "$work/ca.crt" 2>/dev/null
@@ -123,7 +140,10 @@ refuse "destinationsPerLink" --set operator.limits.destinationsPerLink=0
 refuse "datapath" --set agent.datapath=ebpf
 refuse "operator.limits.destinationsPerPod (100) must be at least operator.limits.destinationsPerLink (512)" \
   --set operator.limits.destinationsPerPod=100
-step "values.schema.json and the templates refuse 19 bad values, naming the field"
+refuse "window" --set verification.window=30
+refuse "probesPerSecond" --set verification.probesPerSecond=0
+refuse "serviceMonitor" --set metrics.serviceMonitor.enable=true
+step "values.schema.json and the templates refuse 22 bad values, naming the field"
 
 [ "${CHART_LINT_SKIP_CLUSTER:-}" = 1 ] && { step "cluster checks skipped (CHART_LINT_SKIP_CLUSTER=1)"; exit 0; }
 

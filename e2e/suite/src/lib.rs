@@ -6,11 +6,13 @@
 //! (default `localhost/isthmus-probe:0.1.0`), `ISTHMUS_E2E_CLUSTER` (the `e2e/cluster/cluster` script, for
 //! commands on nodes).
 
+mod measured;
 mod node;
 mod probe;
 mod switch;
 pub mod verdict;
 
+pub use measured::*;
 pub use node::*;
 pub use probe::*;
 pub use switch::*;
@@ -61,6 +63,20 @@ pub fn kubectl(args: &[&str]) -> String {
     let out = kubectl_raw(args, None);
     assert!(out.ok, "kubectl {} failed: {}{}", args.join(" "), out.stdout, out.stderr);
     out.stdout
+}
+
+/// Prints what isthmus's own pods logged in the last `since` (every agent, prefixed with its pod, then the
+/// operator): a failed scenario's record of what the product did meanwhile, which a CI log keeps and the cluster,
+/// torn down after the run, does not.
+pub fn print_isthmus_logs(since: Duration) {
+    let since = format!("--since={}s", since.as_secs() + 5);
+    for component in ["agent", "operator"] {
+        let selector = format!("app.kubernetes.io/component={component}");
+        let args =
+            ["logs", "-n", "isthmus-system", "-l", &selector, "--prefix", "--tail=-1", "--max-log-requests=8", &since];
+        let out = kubectl_raw(&args, None);
+        println!("---- isthmus {component} logs ({since}):\n{}{}", out.stdout, out.stderr);
+    }
 }
 
 pub fn kubectl_json(args: &[&str]) -> Value {

@@ -210,3 +210,20 @@ ip link del isth-netemprobe; [ $rc -eq 0 ] && exit 0 || exit 1";
         _ => panic!("probing {node} for sch_netem failed: {}{}", out.stdout, out.stderr),
     }
 }
+
+/// Removes what the datapath installed in the pod with IP `pod_ip` behind the agent's back, as an operator or
+/// a CNI might — tc: the root HTB on eth0; userspace: the capture interface (its routes go with it) — so that
+/// the pod's traffic flows unimpaired until the agent's periodic resync puts it back. Says whether there was
+/// anything to remove: the resync may not have put it back yet.
+pub fn remove_isthmus_behind_the_agents_back(node: &str, pod_ip: &str) -> bool {
+    let script = match datapath() {
+        Datapath::Tc => {
+            "tc qdisc show dev eth0 root | grep -q '^qdisc htb' || exit 0; tc qdisc del dev eth0 root && echo removed"
+                .to_owned()
+        }
+        Datapath::Userspace => {
+            format!("ip link show {CAPTURE} >/dev/null 2>&1 || exit 0; ip link del {CAPTURE} && echo removed")
+        }
+    };
+    in_pod(node, pod_ip, &["sh", "-c", &script]).trim() == "removed"
+}

@@ -103,6 +103,35 @@ const FIRST_SECOND_MIN_SHARE: f64 = 0.5;
 /// Replacements tried until one gives a conclusive first-second reading.
 const REPLACEMENTS: usize = 3;
 
+/// A bandwidth-only link measures itself: its probes, far too small to queue behind the cap, see the path's own
+/// round trip; the status reports the baseline beside it, expects the baseline plus the probe's serialization at
+/// the cap (98 bytes at 50 Mbit/s: 16 µs), and says the link conforms.
+#[test]
+fn bandwidth_only_link_reports_its_baseline_and_conforms() {
+    let ns = TestNamespace::new("measure");
+    let (n1, n2) = two_nodes();
+    ns.probe_deployment("client", Some(&n1));
+    ns.probe_deployment("server", Some(&n2));
+    ns.wait_ready_pod("client");
+    ns.wait_ready_pod("server");
+    ns.apply(&link_manifest("cap", "client", "server", "{bandwidth: 50Mbit}", None));
+    ns.wait_link_applied("cap");
+    let t = Instant::now();
+    let conformant = wait_for("Conformant=True", Duration::from_secs(120), || {
+        ns.link_condition("cap", "Conformant").filter(|c| c.0 == "True")
+    });
+    println!("Conformant=True {:.1?} after Ready: {conformant:?}", t.elapsed());
+    let m = Measured::of(&ns, "cap", "forward").expect("status.measured.forward of a conformant link");
+    println!("measured: {}", m.raw);
+    let (baseline, expected) = (m.baseline_p50_ms.expect("baselineP50"), m.expected_rtt_ms.expect("expectedRtt"));
+    assert!(m.samples > 0 && m.rtt_p50_ms.is_some(), "no round trip measured: {}", m.raw);
+    assert!(
+        (expected - baseline - 0.016).abs() < 0.05,
+        "expected RTT {expected} ms is not the baseline {baseline} ms plus 16 µs of serialization: {}",
+        m.raw
+    );
+}
+
 /// Follow the workload: the client pod is replaced on the other node (new IP) and is capped again right after
 /// it becomes Ready. A one-second transfer started as soon as the test sees Ready must not exceed the cap: an
 /// uncapped moment of even 2 % of it, at the > 150 Mbit/s a pod gets here, would push the average over. Above the
@@ -189,6 +218,23 @@ fn overlapping_links_higher_priority_wins() {
     ns.wait_link_applied("high");
     let reading = ns.throughput_bps(&client, &server_ip, 4.0);
     assert_rate_measured("overlap, priority 10 (20Mbit) over priority 1 (50Mbit)", 20e6, (&n1, &client_ip), reading);
+    // `kubectl isthmus explain` names the same winner from the objects, and the agent, through exec, shows the
+    // winner's TBF at 20 Mbit/s on the client's interface, with counters the measurement above moved.
+    let out = kubectl(&["isthmus", "explain", &client, &server_ip, "-n", &ns.name]);
+    println!("{out}");
+    for expected in [
+        format!("Decided by:  NetworkLink {}/high (forward)", ns.name),
+        "lost: priority 1 < 10".to_string(),
+        format!("Node:        {n1}"),
+        "tc: an isthmus tree on eth0".to_string(),
+        "tbf qdisc".to_string(),
+        "rate 20000000bit/s".to_string(),
+    ] {
+        assert!(out.contains(&expected), "kubectl isthmus explain lacks {expected:?}:\n{out}");
+    }
+    let links = kubectl(&["isthmus", "links", "-n", &ns.name]);
+    println!("{links}");
+    assert!(links.lines().any(|l| l.starts_with("high ") && l.contains("20Mbit")), "{links}");
 }
 
 /// Invalid NetworkLinks are refused by the API server, and the refusal names the field.

@@ -9,7 +9,7 @@ mod common;
 use common::two_nodes;
 
 /// A latency link on a node without sch_netem: Degraded=True, reason KernelUnsupported, a message that names
-/// sch_netem and what is lost; the pod's pairs are not counted as applied.
+/// sch_netem and what is lost; the pod's pairs are not counted as applied; `Conformant=False`, `Unmeasurable`.
 #[test]
 fn latency_link_is_degraded_without_netem() {
     let (n1, n2) = two_nodes();
@@ -35,4 +35,10 @@ fn latency_link_is_degraded_without_netem() {
     assert_eq!(status["pairsApplied"].as_i64(), Some(0), "a pair counted as applied without netem: {status}");
     let failure = status["failures"].as_array().and_then(|f| f.first()).cloned().unwrap_or_default();
     assert_eq!(failure["reason"], "KernelUnsupported", "status.failures: {status}");
+    // Nothing of the link is in force, so nothing can be measured on it, and the status never claims it conforms.
+    let conformant = wait_for("Conformant=False (Unmeasurable)", Duration::from_secs(90), || {
+        ns.link_condition("delay", "Conformant").filter(|c| c.0 == "False")
+    });
+    println!("Conformant={conformant:?}");
+    assert_eq!(conformant.1, "Unmeasurable", "{conformant:?}");
 }

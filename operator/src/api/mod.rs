@@ -1,21 +1,31 @@
 //! The user-facing API: the `NetworkLink` resource, its units, presets and resolution into impairments.
 
+pub mod measured;
 pub mod profile;
 pub mod quantity;
 pub mod resolve;
 pub mod spec;
+pub mod status;
 pub mod stored;
 
 pub use profile::Profile;
-pub use resolve::{ResolvedImpairments, SpecError, Summary};
+pub use resolve::{ResolvedImpairments, SpecError, Summary, format_duration};
 pub use spec::*;
+pub use status::*;
 pub use stored::{StoredLink, Undecodable};
 
-/// The CRD to install. Doc comments are wrapped at 120 columns in the source; their single line breaks are
-/// joined here so that `kubectl explain` can wrap the text itself.
+/// The CRD to install.
 pub fn crd() -> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
     use kube::CustomResourceExt;
-    fn unwrap_descriptions(v: &mut serde_json::Value) {
+    unwrap_descriptions(NetworkLink::crd())
+}
+
+/// Doc comments are wrapped at 120 columns in the source; their single line breaks are joined here so that
+/// `kubectl explain` can wrap the text itself.
+pub fn unwrap_descriptions(
+    crd: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+) -> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
+    fn unwrap(v: &mut serde_json::Value) {
         match v {
             serde_json::Value::Object(map) => {
                 for (k, child) in map.iter_mut() {
@@ -23,16 +33,16 @@ pub fn crd() -> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::
                         serde_json::Value::String(s) if k == "description" => {
                             *s = s.split("\n\n").map(|p| p.replace('\n', " ")).collect::<Vec<_>>().join("\n\n");
                         }
-                        _ => unwrap_descriptions(child),
+                        _ => unwrap(child),
                     }
                 }
             }
-            serde_json::Value::Array(items) => items.iter_mut().for_each(unwrap_descriptions),
+            serde_json::Value::Array(items) => items.iter_mut().for_each(unwrap),
             _ => {}
         }
     }
-    let mut value = serde_json::to_value(NetworkLink::crd()).expect("the CRD serializes");
-    unwrap_descriptions(&mut value);
+    let mut value = serde_json::to_value(crd).expect("the CRD serializes");
+    unwrap(&mut value);
     serde_json::from_value(value).expect("the CRD deserializes")
 }
 

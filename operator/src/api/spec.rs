@@ -1,12 +1,13 @@
 //! The `NetworkLink` custom resource (`isthmus.dev/v1alpha1`). Doc comments here become `kubectl explain`.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::profile::Profile;
 use super::quantity::{BurstValue, CidrValue, DurationValue, PercentValue, RateValue};
+use super::status::NetworkLinkStatus;
 
 /// The reverse direction is in force (CEL): explicit `reverse`, `symmetric`, or a profile's downlink.
 macro_rules! cel_reverse_in_force {
@@ -42,6 +43,7 @@ macro_rules! cel_reverse_in_force {
     printcolumn(name = "Loss", type_ = "string", json_path = ".status.loss"),
     printcolumn(name = "Bandwidth", type_ = "string", json_path = ".status.bandwidth"),
     printcolumn(name = "Pairs", type_ = "integer", json_path = ".status.pairs"),
+    printcolumn(name = "Measured", type_ = "string", json_path = ".status.measuredSummary"),
     printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
     printcolumn(name = "Reason", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].reason"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
@@ -116,6 +118,10 @@ pub struct NetworkLinkSpec {
     #[serde(default)]
     #[schemars(range(min = -2147483648, max = 2147483647))]
     pub priority: i32,
+    /// Whether the node agents probe this link's pairs and report what they measure in `status.measured` and
+    /// the `Conformant` condition (default `true`). Probing can also be switched off for the whole install.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verify: Option<bool>,
 }
 
 /// The sending pods.
@@ -277,112 +283,4 @@ pub struct ReorderSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 4294967295_u32))]
     pub gap: Option<u32>,
-}
-
-/// The most failures listed in the status; the rest are counted in `failuresOmitted`.
-pub const MAX_STATUS_FAILURES: usize = 16;
-/// The most overlapping links listed in the status.
-pub const MAX_STATUS_OVERLAPS: usize = 16;
-
-/// What the operator observed and did.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct NetworkLinkStatus {
-    /// The `metadata.generation` this status describes.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub observed_generation: Option<i64>,
-    /// `Ready`: every pair is applied. `Degraded`: some pairs failed (see `failures`). `Overlapping`: another
-    /// NetworkLink covers some of the same pairs (see `overlaps`).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub conditions: Vec<Condition>,
-    /// The `from` selector, summarized for `kubectl get`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub from: Option<String>,
-    /// The `to` side, summarized for `kubectl get`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub to: Option<String>,
-    /// The forward latency in force (with jitter), and the reverse one after a slash if any.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub latency: Option<String>,
-    /// The loss in force, forward then reverse.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub loss: Option<String>,
-    /// The bandwidth in force, forward then reverse.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub bandwidth: Option<String>,
-    /// The round trip a request from a `from` pod should expect on top of the network's own: forward plus
-    /// reverse latency (± both jitters).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub expected_round_trip: Option<String>,
-    /// Running `from` pods (and `to` pods for the reverse direction) that this link shapes.
-    #[serde(default)]
-    #[schemars(range(max = 4294967295_u32))]
-    pub source_pods: u32,
-    /// Distinct destination networks (pod IPs, Service ClusterIPs, CIDRs).
-    #[serde(default)]
-    #[schemars(range(max = 4294967295_u32))]
-    pub destinations: u32,
-    /// (source pod, destination) pairs this link decides, after overlaps.
-    #[serde(default)]
-    #[schemars(range(max = 4294967295_u32))]
-    pub pairs: u32,
-    /// Pairs the node agents confirmed.
-    #[serde(default)]
-    #[schemars(range(max = 4294967295_u32))]
-    pub pairs_applied: u32,
-    /// Pairs the node agents could not apply.
-    #[serde(default)]
-    #[schemars(range(max = 4294967295_u32))]
-    pub pairs_failed: u32,
-    /// Applied pairs that the node agents emulate themselves (the userspace datapath, on nodes without sch_netem:
-    /// docs/datapaths.md); the other applied pairs go through the kernel's qdiscs.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    #[schemars(range(max = 4294967295_u32))]
-    pub pairs_emulated: u32,
-    /// Applied pairs whose `queueLimit` the node's queue budget cut (docs/networklink.md#queue-bound).
-    #[serde(default, skip_serializing_if = "is_zero")]
-    #[schemars(range(max = 4294967295_u32))]
-    pub queue_limits_capped: u32,
-    /// Other NetworkLinks covering some of the same pairs, and who wins them.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub overlaps: Vec<OverlapStatus>,
-    /// Pods this link could not shape, with the reason; at most 16 entries.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub failures: Vec<PodFailure>,
-    /// Failures beyond those listed.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    #[schemars(range(max = 4294967295_u32))]
-    pub failures_omitted: u32,
-}
-
-fn is_zero(v: &u32) -> bool {
-    *v == 0
-}
-
-/// Another NetworkLink that covers some of the same (source pod, destination) pairs.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct OverlapStatus {
-    /// The other NetworkLink (same namespace).
-    pub link: String,
-    /// Shared pairs this link wins.
-    #[schemars(range(max = 4294967295_u32))]
-    pub won: u32,
-    /// Shared pairs the other link wins.
-    #[schemars(range(max = 4294967295_u32))]
-    pub lost: u32,
-}
-
-/// A pod this link could not shape.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct PodFailure {
-    /// `namespace/name`.
-    pub pod: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub node: Option<String>,
-    /// A stable reason: `HostNetwork`, `KernelUnsupported`, `AgentUnreachable`, `DuplicateRestriction`, …
-    pub reason: String,
-    /// What happened, for people.
-    pub message: String,
 }

@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 
 use futures::future::BoxFuture;
 use isthmus_agent_api::client::{AgentClient, ClientError};
+use isthmus_agent_api::measure::MeasuredState;
 use isthmus_agent_api::{ApplyReply, NodePlan};
 
 use crate::failure::CallErrorKind;
@@ -13,6 +14,9 @@ use crate::failure::CallErrorKind;
 pub trait AgentApi: Send + Sync {
     /// Replaces the agent's node plan; the reply says, per pod, what the agent made of it.
     fn apply<'a>(&'a self, agent: SocketAddr, plan: &'a NodePlan) -> BoxFuture<'a, Result<ApplyReply, CallError>>;
+
+    /// What the agent serving `node` measured over its last complete probe windows.
+    fn measured<'a>(&'a self, agent: SocketAddr, node: &'a str) -> BoxFuture<'a, Result<MeasuredState, CallError>>;
 }
 
 /// A call that got no reply to act on. Its text is the one status messages and logs show.
@@ -41,6 +45,10 @@ impl From<ClientError> for CallError {
 impl AgentApi for AgentClient {
     fn apply<'a>(&'a self, agent: SocketAddr, plan: &'a NodePlan) -> BoxFuture<'a, Result<ApplyReply, CallError>> {
         Box::pin(async move { AgentClient::apply(self, agent, plan).await.map_err(CallError::from) })
+    }
+
+    fn measured<'a>(&'a self, agent: SocketAddr, node: &'a str) -> BoxFuture<'a, Result<MeasuredState, CallError>> {
+        Box::pin(async move { AgentClient::measured(self, agent, node).await.map_err(CallError::from) })
     }
 }
 

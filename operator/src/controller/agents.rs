@@ -79,11 +79,11 @@ impl Controller {
     /// The node's plan and its ready agent (when a rolling update shows two ready agents, the one with the
     /// greatest UID, so that the choice is stable).
     pub(super) fn node_input(&self, node: &str) -> NodeInput {
-        let plan = self.planner.node_plan(node).cloned().unwrap_or_else(|| NodePlan {
-            node: node.to_owned(),
-            version: 0,
-            pods: Vec::new(),
-        });
+        let plan = self
+            .planner
+            .node_plan(node)
+            .cloned()
+            .unwrap_or_else(|| NodePlan { node: node.to_owned(), ..NodePlan::default() });
         let agent = self
             .agents
             .values()

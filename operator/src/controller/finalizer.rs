@@ -97,6 +97,7 @@ mod tests {
             node: node.into(),
             version: 1,
             pods: vec![pod("u", "p", &["10.0.0.1".parse().unwrap()], destinations)],
+            ..Default::default()
         }
     }
 

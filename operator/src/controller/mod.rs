@@ -6,8 +6,8 @@
 //!
 //! The task's state is [`Controller`]; each job extends it in its own file: `watch.rs` and `watched.rs` (one
 //! typed description per watched resource), `ingest.rs` (events and re-lists), `links.rs` (NetworkLink
-//! objects), `agents.rs` (which agent serves each node), `cleanup.rs` (finalizer patches), `status/writer.rs`
-//! (status writes) and `gates/writer.rs` (readiness gate writes).
+//! objects), `agents.rs` (which agent serves each node), `cleanup.rs` (finalizer patches), `measure.rs` (polling
+//! the agents' measurements), `status/writer.rs` (status writes) and `gates/writer.rs` (readiness gate writes).
 
 pub mod agent;
 mod agents;
@@ -16,6 +16,7 @@ pub mod finalizer;
 pub mod gates;
 mod ingest;
 mod links;
+pub mod measure;
 pub mod nodes;
 pub mod status;
 pub mod version;
@@ -41,6 +42,7 @@ use cleanup::PendingCleanup;
 use gates::writer::GateQueue;
 use ingest::Relist;
 use links::LinkMeta;
+use measure::{MeasureConfig, Measurements};
 use nodes::{DispatchConfig, Dispatchers, Reports, Shared};
 use status::writer::StatusQueue;
 use watch::{AgentSelector, Update};
@@ -57,6 +59,8 @@ pub struct Config {
     pub field_manager: String,
     /// How many destinations a link and a pod may have.
     pub limits: PlanLimits,
+    /// Polling the agents' measurements (`measure.rs`).
+    pub measure: MeasureConfig,
 }
 
 /// What the controller needs from the outside world.
@@ -91,6 +95,8 @@ struct Controller {
     gates: GateQueue,
     /// Links with a finalizer patch in flight.
     finalizer_busy: Arc<Mutex<BTreeSet<ObjectKey>>>,
+    /// What the agents measured, merged per link direction.
+    measure: Measurements,
 }
 
 /// Watches the cluster and runs until `shutdown` turns true.
@@ -109,7 +115,8 @@ pub async fn run_with_updates(
 ) {
     let ctx = Arc::new(ctx);
     let (reported_tx, mut reported_rx) = mpsc::unbounded_channel();
-    let mut c = Controller::new(ctx.clone(), reported_tx);
+    let (measured_tx, mut measured_rx) = mpsc::unbounded_channel();
+    let mut c = Controller::new(ctx.clone(), reported_tx, measured_tx);
     let writer = c.status.spawn_writer(ctx.clone());
     let gate_writer = c.gates.spawn_writer(ctx.clone());
     let mut leader = ctx.leader.clone();
@@ -130,6 +137,7 @@ pub async fn run_with_updates(
                 c.status.dirty.extend(c.links.keys().cloned());
                 c.after_batch();
             }
+            Some(results) = measured_rx.recv() => c.on_measured(results),
             changed = leader.changed() => {
                 if changed.is_err() { break }
                 let leading = *leader.borrow_and_update();
@@ -144,7 +152,11 @@ pub async fn run_with_updates(
 }
 
 impl Controller {
-    fn new(ctx: Arc<Context>, reported: mpsc::UnboundedSender<String>) -> Self {
+    fn new(
+        ctx: Arc<Context>,
+        reported: mpsc::UnboundedSender<String>,
+        measured: mpsc::UnboundedSender<measure::PollResults>,
+    ) -> Self {
         let reports: Reports = Arc::default();
         let shared = Shared {
             agent_api: ctx.agent_api.clone(),
@@ -169,6 +181,7 @@ impl Controller {
             status: StatusQueue::default(),
             gates: GateQueue::default(),
             finalizer_busy: Arc::default(),
+            measure: Measurements::new(measured),
         }
     }
 
@@ -239,6 +252,7 @@ impl Controller {
         if self.leading() && self.relist.all_synced() {
             self.check_cleanups();
             self.ensure_finalizers();
+            self.poll_measurements();
         }
     }
 }

@@ -57,7 +57,8 @@ impl fmt::Display for WatchKind {
 /// One watch event, tagged with its kind.
 #[derive(Debug)]
 pub enum Update {
-    Link(Event<StoredLink>),
+    /// Boxed: a NetworkLink with its status is several times the size of the other events.
+    Link(Box<Event<StoredLink>>),
     Pod(Event<Pod>),
     Namespace(Event<Namespace>),
     Service(Event<Service>),

@@ -41,7 +41,7 @@ pub(super) fn start(client: &Client, agents: &AgentSelector, tx: mpsc::Sender<Up
 impl Controller {
     pub(super) fn apply(&mut self, update: Update) {
         match update {
-            Update::Link(e) => self.on_event::<Links>(e),
+            Update::Link(e) => self.on_event::<Links>(*e),
             Update::Pod(e) => self.on_event::<Pods>(e),
             Update::Namespace(e) => self.on_event::<Namespaces>(e),
             Update::Service(e) => self.on_event::<Services>(e),
@@ -56,7 +56,7 @@ impl Watched for Links {
     type Object = StoredLink;
 
     fn update(event: Event<StoredLink>) -> Update {
-        Update::Link(event)
+        Update::Link(Box::new(event))
     }
     fn upsert(c: &mut Controller, object: StoredLink) {
         c.upsert_link(Self::key(&object), object)

@@ -1,8 +1,12 @@
-//! What the plan knows about one link, for its status: counts, overlaps and exclusions.
+//! What the plan knows about one link, for its status: counts, overlaps and exclusions, and what its answers meet
+//! on the way back.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::Arc;
 
-use isthmus_agent_api::NodePlan;
+use ipnet::IpNet;
+use isthmus_agent_api::{DestinationPlan, Impairment, NodePlan};
 
 use super::limits::Refusal;
 use super::planner::Planner;
@@ -120,10 +124,40 @@ impl Planner {
         })
     }
 
+    /// What the answers to a link's forward probes meet on their way back when the link has no reverse
+    /// direction of its own: the impairment that the plan of one of its destination pods applies towards one of
+    /// its source pods (another link's, e.g. the opposite link of a NetworkTopology). The first such pair found
+    /// speaks for the link: its measurements are merged over pairs anyway. `None` when no plan impairs the way
+    /// back.
+    pub fn way_back(&self, key: &ObjectKey) -> Option<Arc<Impairment>> {
+        let forward = self.resolutions.get(key)?.forward.as_ref()?;
+        let sources: Vec<IpAddr> = forward.sources.iter().flat_map(|s| s.ips.iter().copied()).collect();
+        let is_destination = |ip: &IpAddr| forward.destinations.binary_search(&IpNet::from(*ip)).is_ok();
+        self.node_plans()
+            .flat_map(|plan| &plan.pods)
+            .filter(|pod| pod.ips.iter().any(is_destination))
+            .find_map(|pod| towards(&pod.destinations, &sources))
+            .map(|d| d.impairment.clone())
+    }
+
     /// Every node plan and every link's facts, for comparisons.
     pub fn snapshot(&self) -> (BTreeMap<String, NodePlan>, BTreeMap<ObjectKey, LinkFacts>) {
         let nodes = self.nodes.iter().map(|(n, s)| (n.clone(), s.plan.clone())).collect();
         let links = self.index.links.keys().filter_map(|k| Some((k.clone(), self.link_facts(k)?))).collect();
         (nodes, links)
     }
+}
+
+/// A pod's destination entry towards one of `sources`. A pod's entries are sorted, and pods are destinations as
+/// host prefixes: each source is one binary search; only entries for wider networks (`to.cidrs`) are scanned.
+/// Scanning every entry for every source cost a destination pod's entries times the link's sources, per link.
+fn towards<'p>(destinations: &'p [DestinationPlan], sources: &[IpAddr]) -> Option<&'p DestinationPlan> {
+    let host = sources.iter().find_map(|s| {
+        let i = destinations.binary_search_by(|d| d.destination.cmp(&IpNet::from(*s))).ok()?;
+        Some(&destinations[i])
+    });
+    host.or_else(|| {
+        let mut wider = destinations.iter().filter(|d| d.destination.prefix_len() < d.destination.max_prefix_len());
+        wider.find(|d| sources.iter().any(|s| d.destination.contains(s)))
+    })
 }

@@ -11,15 +11,19 @@
 //! [`Planner`] (`planner.rs`) keeps both stages cached. An event marks the links it can affect as stale
 //! (`events.rs`); [`Planner::recompute`] re-resolves those links and recomputes only the nodes whose inputs
 //! actually changed. The result is always identical to computing everything from scratch ([`compute`]), which
-//! the property tests check. [`LinkFacts`] (`facts.rs`) is what a link's status is made of.
+//! the property tests check. [`LinkFacts`] (`facts.rs`) is what a link's status is made of;
+//! [`PairExplanation`] (`explain.rs`) is the contest behind one pair, for `kubectl isthmus explain`.
 
 mod events;
+mod explain;
 mod facts;
 mod limits;
 mod planner;
 mod resolve;
+mod verify;
 mod winner;
 
+pub use explain::{Claim, Defeat, EntryContest, ExplainError, PairExplanation};
 pub use facts::{LinkFacts, Overlap};
 pub use limits::{DEFAULT_DESTINATIONS_PER_LINK, DEFAULT_DESTINATIONS_PER_POD, PlanLimits, PlanLimitsError, Refusal};
 pub use planner::{Changes, Planner, compute, compute_with};

@@ -8,6 +8,7 @@ use isthmus_agent_api::{NodePlan, PodPlan};
 
 use super::limits::PlanLimits;
 use super::resolve::{EndpointMemo, Resolution, mark_changed_sources, resolve_link_with};
+use super::verify;
 use super::winner::{LinkStats, PodOutput, compute_pod};
 use crate::index::{Index, ObjectKey};
 
@@ -53,6 +54,8 @@ pub struct Planner {
     pub(super) dirty_pods: BTreeSet<ObjectKey>,
     /// Since the last recompute: see [`Changes::selection`].
     pub(super) selection_changed: bool,
+    /// Nodes whose `unverified`/`unprobed` may differ: they run a source of a link whose resolution changed.
+    pub(super) dirty_annotations: BTreeSet<String>,
 }
 
 /// Computes every plan from scratch, within the default limits.
@@ -94,6 +97,15 @@ impl Planner {
         for pod in std::mem::take(&mut self.dirty_pods) {
             self.recompute_pod(pod, &mut changed_nodes, &mut changed_links);
         }
+        let mut annotate: BTreeSet<String> = std::mem::take(&mut self.dirty_annotations);
+        annotate.extend(changed_nodes.iter().cloned());
+        for node in annotate {
+            if let Some(state) = self.nodes.get_mut(&node)
+                && verify::annotate(&mut state.plan, &self.resolutions)
+            {
+                changed_nodes.insert(node);
+            }
+        }
         Changes {
             nodes: changed_nodes.into_iter().collect(),
             links: changed_links.into_iter().collect(),
@@ -120,6 +132,9 @@ impl Planner {
                 continue;
             }
             changed_links.insert(link_key.clone());
+            for r in old.iter().chain(new.iter()) {
+                self.dirty_annotations.extend(r.sides().flat_map(|(_, s)| s.sources.iter().map(|s| s.node.clone())));
+            }
             mark_changed_sources(old.as_ref(), new.as_ref(), &mut self.dirty_pods);
             if let Some(old) = &old {
                 for pod in old.source_pods() {
@@ -170,7 +185,7 @@ impl Planner {
         if let Some(out) = out {
             changed_links.extend(out.link_stats.keys().cloned());
             let state = self.nodes.entry(out.node.clone()).or_insert_with(|| NodeState {
-                plan: NodePlan { node: out.node.clone(), version: 0, pods: Vec::new() },
+                plan: NodePlan { node: out.node.clone(), ..NodePlan::default() },
                 link_stats: BTreeMap::new(),
             });
             match state.position(&pod) {

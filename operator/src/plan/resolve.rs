@@ -64,10 +64,14 @@ pub struct Resolution {
     pub exclusions: Vec<Exclusion>,
     /// The namespaces `to.podSelector` looks in, sorted.
     pub to_namespaces: Vec<String>,
+    /// `spec.verify`: whether the agents probe the link's pairs.
+    pub verify: bool,
+    /// The forward destinations that are not pods (Service ClusterIPs, `to.cidrs`), sorted: never probed.
+    pub unprobed: Vec<IpNet>,
 }
 
 impl Resolution {
-    fn unresolved(rank: Rank) -> Self {
+    fn unresolved(rank: Rank, verify: bool) -> Self {
         Resolution {
             rank,
             error: None,
@@ -77,6 +81,8 @@ impl Resolution {
             reverse: None,
             exclusions: Vec::new(),
             to_namespaces: Vec::new(),
+            verify,
+            unprobed: Vec::new(),
         }
     }
 
@@ -153,7 +159,7 @@ pub(super) fn resolve_link_with(
     limits: &PlanLimits,
     memo: &mut EndpointMemo,
 ) -> Resolution {
-    let mut res = Resolution::unresolved(info.rank.clone());
+    let mut res = Resolution::unresolved(info.rank.clone(), info.verify);
     let (sel, impairments) = match &info.compiled {
         Ok(c) => c,
         Err(e) => {
@@ -172,11 +178,15 @@ pub(super) fn resolve_link_with(
         None => Vec::new(),
     };
 
-    let mut forward_dests = host_prefixes(&to_pods);
+    let pod_dests = host_prefixes(&to_pods);
+    let mut forward_dests = pod_dests.clone();
     if sel.services == ServiceInclusion::Matching && !to_pods.is_empty() {
         forward_dests.extend(service_destinations(index, memo, &res.to_namespaces, &to_pods));
     }
     forward_dests.extend(sel.cidrs.iter().copied());
+    // Only pods answer probes: a ClusterIP is translated before it leaves the node, and a CIDR may be outside
+    // the cluster, where isthmus sends nothing of its own.
+    res.unprobed = forward_dests.difference(&pod_dests).copied().collect();
     let link_ref =
         |direction| Arc::new(LinkRef { namespace: key.namespace.clone(), name: key.name.clone(), direction });
     res.forward = Some(Side {

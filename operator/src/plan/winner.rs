@@ -33,21 +33,21 @@ pub struct PodOutput {
     pub link_stats: BTreeMap<ObjectKey, LinkStats>,
 }
 
-struct Candidate<'a> {
-    link: &'a ObjectKey,
-    rank: &'a Rank,
-    impairment: &'a Arc<Impairment>,
-    link_ref: &'a Arc<LinkRef>,
+pub(super) struct Candidate<'a> {
+    pub(super) link: &'a ObjectKey,
+    pub(super) rank: &'a Rank,
+    pub(super) impairment: &'a Arc<Impairment>,
+    pub(super) link_ref: &'a Arc<LinkRef>,
 }
 
 impl Candidate<'_> {
-    fn beats(&self, other: &Candidate<'_>) -> bool {
+    pub(super) fn beats(&self, other: &Candidate<'_>) -> bool {
         (self.rank.sort_key(), self.link_ref.direction) < (other.rank.sort_key(), other.link_ref.direction)
     }
 }
 
 /// Per destination: the first candidate seen and the others.
-type Contest<'a> = BTreeMap<IpNet, (Candidate<'a>, Vec<Candidate<'a>>)>;
+pub(super) type Contest<'a> = BTreeMap<IpNet, (Candidate<'a>, Vec<Candidate<'a>>)>;
 
 /// Computes one source pod's plan from the resolutions of the links that list it as a source, with at most
 /// `per_pod` destinations; `None` when it has no destination.
@@ -92,7 +92,7 @@ pub fn compute_pod<'a>(
 /// The pod as a source (from the first link that lists it) and each admitted link's claim on each of its
 /// destinations. Links are admitted in rank order while the pod's distinct destinations stay within `per_pod`;
 /// each link left out gets its refusal in `stats`.
-fn candidates<'a>(
+pub(super) fn candidates<'a>(
     pod: &ObjectKey,
     links: impl Iterator<Item = (&'a ObjectKey, &'a Resolution)>,
     per_pod: u32,

@@ -166,6 +166,7 @@ fn start_full(
             cleanup_timeout,
             field_manager: "isthmus-operator".into(),
             limits: Default::default(),
+            measure: Default::default(),
         },
         leader,
         ready: Arc::new(AtomicBool::new(false)),
@@ -196,6 +197,7 @@ pub fn link(name: &str, latency: &str) -> NetworkLink {
             one_way: false,
             profile: None,
             priority: 0,
+            verify: None,
         },
     )
 }

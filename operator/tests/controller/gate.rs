@@ -46,9 +46,11 @@ async fn the_gate_condition_lands_on_the_pod_and_holds_it_not_ready() {
     gated_pod(client, ns, "loner", "db", node, "198.51.100.51").await;
     running_pod(client, ns, "plain", "client", node, "198.51.100.52").await;
     running_pod(client, ns, "server-0", "server", node, "198.51.100.60").await;
-    let running = t.controller();
+    // The link exists before the controller starts: started first, a controller may decide the client's gate
+    // (NoLinks) before it sees a link created after it (seen once under load in operator-it).
     let links: Api<NetworkLink> = Api::namespaced(client.clone(), ns);
     links.create(&PostParams::default(), &link("gated", "10ms")).await.unwrap();
+    let running = t.controller();
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
 
     // The agent failed the client's entry: False with its reason and message, so the pod stays NotReady.

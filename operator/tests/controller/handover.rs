@@ -64,6 +64,14 @@ impl AgentApi for Held {
         });
         Box::pin(async move { delivery.await.expect("the delivery task") })
     }
+
+    fn measured<'a>(
+        &'a self,
+        agent: SocketAddr,
+        node: &'a str,
+    ) -> BoxFuture<'a, Result<isthmus_agent_api::measure::MeasuredState, CallError>> {
+        self.real.measured(agent, node)
+    }
 }
 
 /// A pod's network namespace: `ip netns add`, an `eth0` (one end of a veth pair) with the pod's IP, pinned in

@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::sync::Mutex;
 
 use futures::future::BoxFuture;
+use isthmus_agent_api::measure::{LinkMeasurement, MeasuredState};
 use isthmus_agent_api::{
     ApplyReply, Capabilities, LeftoverTree, NodePlan, PodError, PodErrorKind, PodOutcome, PodResult,
 };
@@ -29,6 +30,8 @@ struct Agent {
     pod_errors: BTreeMap<String, PodError>,
     /// Trees it reports it could not remove.
     leftovers: Vec<LeftoverTree>,
+    /// What `GET /v1/measured` answers.
+    measured: MeasuredState,
 }
 
 /// The agents of every node, by address.
@@ -62,6 +65,7 @@ impl FakeAgents {
             paused: false,
             pod_errors: BTreeMap::new(),
             leftovers: Vec::new(),
+            measured: MeasuredState { node: node.to_owned(), enabled: true, ..MeasuredState::default() },
         };
         self.agents.lock().unwrap().entry(addr).or_insert_with(agent);
     }
@@ -98,6 +102,11 @@ impl FakeAgents {
     /// The trees the agent reports, from its next answer on, that it could not remove.
     pub fn set_leftovers(&self, addr: SocketAddr, leftovers: Vec<LeftoverTree>) {
         self.with(addr, |a| a.leftovers = leftovers);
+    }
+
+    /// What the agent answers, from now on, when asked what it measured.
+    pub fn set_measured(&self, addr: SocketAddr, links: Vec<LinkMeasurement>) {
+        self.with(addr, |a| a.measured.links = links);
     }
 
     /// As if another operator had sent a plan with this version.
@@ -171,6 +180,20 @@ impl AgentApi for FakeAgents {
                 tokio::time::sleep(std::time::Duration::from_millis(5)).await;
             }
             self.answer(agent, plan)
+        })
+    }
+
+    fn measured<'a>(&'a self, agent: SocketAddr, node: &'a str) -> BoxFuture<'a, Result<MeasuredState, CallError>> {
+        Box::pin(async move {
+            tokio::task::yield_now().await;
+            let agents = self.agents.lock().unwrap();
+            match agents.get(&agent) {
+                Some(a) if !a.unreachable && a.node == node => Ok(a.measured.clone()),
+                _ => Err(CallError {
+                    kind: CallErrorKind::Connect,
+                    message: format!("connecting to agent {agent}: Connection refused (os error 111)"),
+                }),
+            }
         })
     }
 }

@@ -166,7 +166,7 @@ impl FakeApiServer {
             state.links.insert(key, v.clone());
             Event::Apply(serde_json::from_value(v.clone()).unwrap())
         };
-        self.watch.try_send(Update::Link(event)).expect("the controller keeps up");
+        self.watch.try_send(Update::Link(Box::new(event))).expect("the controller keeps up");
         v
     }
 

@@ -169,7 +169,11 @@ async fn gates_are_decided_only_once_every_watch_has_listed() {
     assert_eq!(s.api.pod_conditions("client"), [], "not decided before the links are listed");
     assert_eq!(s.api.pod_conditions("loner"), [], "not decided before the links are listed");
 
-    s.list(WatchKind::Link, vec![Update::Link(Event::InitApply(link("late", "client", "server", 10).into()))]).await;
+    s.list(
+        WatchKind::Link,
+        vec![Update::Link(Box::new(Event::InitApply(link("late", "client", "server", 10).into())))],
+    )
+    .await;
     s.eventually("client applied", || (gate(&s, "client")?.1 == "Applied").then_some(())).await;
     s.eventually("loner decided", || gate(&s, "loner")).await;
     assert_eq!(s.api.pod_conditions("client"), [says("True", "Applied", APPLIED_ONE)], "never NoLinks first");

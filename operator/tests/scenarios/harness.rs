@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use isthmus_operator::api::NetworkLink;
+use isthmus_operator::controller::measure::MeasureConfig;
 use isthmus_operator::controller::nodes::DispatchConfig;
 use isthmus_operator::controller::version::Backoff;
 use isthmus_operator::controller::watch::{AgentSelector, Update, WatchKind};
@@ -64,6 +65,8 @@ impl Scenario {
                 cleanup_timeout: Duration::from_secs(60),
                 field_manager: "isthmus-operator".into(),
                 limits: Default::default(),
+                // Every tick of the controller (1 s): a scenario waits for a poll, not for the default 10 s.
+                measure: MeasureConfig { enabled: true, interval: Duration::from_secs(1) },
             },
             leader: leader_rx,
             ready: ready.clone(),
@@ -137,7 +140,7 @@ fn list_marker(kind: WatchKind, done: bool) -> Update {
         if done { Event::InitDone } else { Event::Init }
     }
     match kind {
-        WatchKind::Link => Update::Link(marker(done)),
+        WatchKind::Link => Update::Link(Box::new(marker(done))),
         WatchKind::Pod => Update::Pod(marker(done)),
         WatchKind::Namespace => Update::Namespace(marker(done)),
         WatchKind::Service => Update::Service(marker(done)),

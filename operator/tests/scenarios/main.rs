@@ -8,6 +8,7 @@ mod apiserver;
 mod gates;
 mod harness;
 mod limits;
+mod measured;
 #[path = "../support/mod.rs"]
 mod support;
 

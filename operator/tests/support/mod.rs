@@ -62,6 +62,7 @@ pub fn spec(from: &str, to: &str, ms: u32) -> NetworkLinkSpec {
         one_way: false,
         profile: None,
         priority: 0,
+        verify: None,
     }
 }
 

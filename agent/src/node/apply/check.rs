@@ -161,6 +161,7 @@ mod tests {
             node: "n".into(),
             version: 1,
             pods: vec![pod("u", "p", &["10.0.0.1".parse().unwrap()], destinations)],
+            ..Default::default()
         };
         // Two destinations: each gets min(per destination, per pod / 2) = 4 MiB = 2,770 frames.
         let budget = QueueBudget::new(8 << 20, 8 << 20).unwrap();

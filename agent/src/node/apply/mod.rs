@@ -17,6 +17,7 @@ use super::state::{Applied, InstalledPod, Leftover, Snapshot};
 use super::trees::{PodDatapath, ReconcilePath, Removal};
 use super::{Node, release_freed_memory};
 use crate::datapath::{DatapathError, DesiredState};
+use crate::measure::{ProbePod, ProbeView};
 use crate::metrics::PodName;
 use crate::netns::{Netns, NetnsId, PodIdentity, ResolveError};
 
@@ -93,6 +94,7 @@ impl Node {
             return Ok(self.reply(current, true, applied.last_results.clone(), &applied.leftovers));
         }
         let version = raw.version;
+        let probe_filter = raw.probe_filter;
         let mut progress = Progress::check(raw.pods, self.config.queue_budget);
         let found = self.find_namespaces(&mut progress, &applied).await?;
         let reconciled = self.reconcile_found(found).await;
@@ -103,6 +105,7 @@ impl Node {
         applied.version = Some(version);
         applied.pods = installed;
         applied.last_results = results.clone();
+        applied.probe_filter = probe_filter;
         self.publish(&applied, version);
         release_freed_memory();
         Ok(self.reply(version, false, results, &applied.leftovers))
@@ -328,8 +331,9 @@ impl Node {
         let mut pods: Vec<(String, Arc<InstalledPod>)> =
             applied.pods.iter().map(|(uid, pod)| (uid.clone(), pod.clone())).collect();
         pods.sort_by(|a, b| a.0.cmp(&b.0));
+        let probe = self.config.verify.then(|| Arc::new(probe_view(applied, &pods, version)));
         *self.snapshot.write().unwrap_or_else(|p| p.into_inner()) =
-            Arc::new(Snapshot { version, pods, adopted: Vec::new() });
+            Arc::new(Snapshot { version, pods, adopted: Vec::new(), probe });
     }
 
     fn reply(&self, version: u64, stale: bool, pods: Vec<PodResult>, leftovers: &[Leftover]) -> ApplyReply {
@@ -341,6 +345,30 @@ impl Node {
             capabilities: self.capabilities.clone(),
             leftovers: leftovers.iter().map(Leftover::report).collect(),
         }
+    }
+}
+
+/// The pods whose plan applied (a pod kept as it was, or one that failed, is not probed: its tree is not the
+/// plan's), with their destinations and the plan's filter.
+fn probe_view(applied: &Applied, pods: &[(String, Arc<InstalledPod>)], version: u64) -> ProbeView {
+    let ok: HashSet<&str> = applied
+        .last_results
+        .iter()
+        .filter(|r| matches!(r.outcome, PodOutcome::Applied))
+        .map(|r| r.uid.as_str())
+        .collect();
+    ProbeView {
+        version,
+        pods: pods
+            .iter()
+            .filter(|(uid, _)| ok.contains(uid.as_str()))
+            .map(|(uid, pod)| ProbePod {
+                uid: uid.clone(),
+                netns: pod.netns.clone(),
+                destinations: pod.destinations.clone(),
+            })
+            .collect(),
+        filter: applied.probe_filter.clone(),
     }
 }
 

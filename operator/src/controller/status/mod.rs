@@ -10,9 +10,11 @@ use crate::api::{MAX_STATUS_FAILURES, MAX_STATUS_OVERLAPS, NetworkLinkStatus, Ov
 use crate::failure::FailureReason;
 use crate::plan::LinkFacts;
 
+mod measured;
 mod progress;
 pub(super) mod writer;
 
+pub use measured::{CONFORMANT, MeasuredPart, measured_part, place_measured};
 pub use progress::{Outcome, Progress, confirmed_outcome, judge, progress};
 
 pub const READY: &str = "Ready";

@@ -85,7 +85,10 @@ impl Controller {
                     None => continue,
                 },
             };
-            let new = link_status(&facts, progress.get(&key), meta.status.as_ref(), &now);
+            let mut new = link_status(&facts, progress.get(&key), meta.status.as_ref(), &now);
+            let previous = meta.status.clone();
+            self.with_measured(&key, &mut new, previous.as_ref(), progress.get(&key), &now);
+            let Some(meta) = self.links.get(&key) else { continue };
             if Some(&new) == meta.status.as_ref() || self.status.queued.get(&key) == Some(&new) {
                 continue;
             }

@@ -3,5 +3,6 @@
 pub mod latency;
 pub mod lifecycle;
 pub mod loss;
+pub mod measured;
 pub mod packets;
 pub mod throughput;

@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""Checks of the verification flags, the Prometheus Operator objects and the Grafana dashboard ConfigMap.
+
+Usage: check_monitoring.py DEFAULT.yaml MONITORING.yaml DASHBOARD.json OUT.json
+DEFAULT.yaml is rendered with the chart's defaults; MONITORING.yaml with metrics.serviceMonitor, metrics.podMonitor
+and grafana.dashboard on, verification off, probesPerSecond 25, pairsPerLink 2, window 60s, measureInterval 15s.
+The dashboard as the ConfigMap holds it is written to OUT.json (for the metric-name test).
+"""
+import json, sys
+import yaml
+
+def load(path):
+    return [d for d in yaml.safe_load_all(open(path)) if d]
+
+def container(docs, kind, name_suffix):
+    (obj,) = [d for d in docs if d["kind"] == kind and d["metadata"]["name"].endswith(name_suffix)]
+    return obj["spec"]["template"]["spec"]["containers"][0]
+
+def main():
+    default, monitoring = load(sys.argv[1]), load(sys.argv[2])
+    dashboard_file, out = sys.argv[3], sys.argv[4]
+    errors = []
+    def check(cond, msg):
+        if not cond:
+            errors.append(msg)
+
+    kinds = lambda docs: sorted(d["kind"] for d in docs if d["kind"] in ("ServiceMonitor", "PodMonitor"))
+    check(kinds(default) == [], f"default values render scrape objects: {kinds(default)}")
+    check(not [d for d in default if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-dashboard")],
+          "default values render the dashboard ConfigMap")
+    check(kinds(monitoring) == ["PodMonitor", "PodMonitor", "ServiceMonitor", "ServiceMonitor"],
+          f"monitoring values: {kinds(monitoring)}")
+
+    want = {
+        "default": (default, ["serve", "--verify=true", "--probe-rate=10", "--probe-pairs-per-link=4", "--probe-window=30s"],
+                    ["--verify=true", "--measure-interval=10s"]),
+        "monitoring": (monitoring, ["serve", "--verify=false", "--probe-rate=25", "--probe-pairs-per-link=2",
+                                    "--probe-window=60s"], ["--verify=false", "--measure-interval=15s"]),
+    }
+    for name, (docs, agent_args, operator_args) in want.items():
+        got = container(docs, "DaemonSet", "-agent").get("args")
+        check(got == agent_args, f"{name}: agent args {got}, expected {agent_args}")
+        got = container(docs, "Deployment", "-operator").get("args")
+        check(got == operator_args, f"{name}: operator args {got}, expected {operator_args}")
+
+    for d in monitoring:
+        if d["kind"] not in ("ServiceMonitor", "PodMonitor"):
+            continue
+        check(d["apiVersion"] == "monitoring.coreos.com/v1", f"{d['kind']} {d['metadata']['name']}: apiVersion")
+        endpoints = d["spec"].get("endpoints") or d["spec"].get("podMetricsEndpoints")
+        (ep,) = endpoints
+        if d["metadata"]["name"].endswith("-agent"):
+            tls = ep.get("tlsConfig", {})
+            check(ep.get("port") == "api" and ep.get("scheme") == "https", f"{d['metadata']['name']}: agent endpoint {ep}")
+            check(tls.get("keySecret", {}).get("name", "").endswith("-metrics-scraper-tls"),
+                  f"{d['metadata']['name']}: the scraper's client certificate")
+        else:
+            check(ep.get("port") == "metrics" and "tlsConfig" not in ep, f"{d['metadata']['name']}: operator endpoint {ep}")
+    services = [d for d in monitoring if d["kind"] == "Service"]
+    check(len(services) == 2 and all(s["spec"]["clusterIP"] == "None" for s in services), "two headless Services")
+
+    (cm,) = [d for d in monitoring if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-dashboard")]
+    check(cm["metadata"]["labels"].get("grafana_dashboard") == "1", "the dashboard ConfigMap's grafana_dashboard label")
+    (text,) = cm["data"].values()
+    check(json.loads(text) == json.load(open(dashboard_file)), "the ConfigMap's dashboard differs from the file")
+    open(out, "w").write(text)
+
+    for e in errors:
+        print(f"check_monitoring: {e}", file=sys.stderr)
+    sys.exit(1 if errors else 0)
+
+main()

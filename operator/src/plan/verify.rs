@@ -1,0 +1,43 @@
+//! What a node's agent must not probe: the links whose `spec.verify` is false (`NodePlan::unverified`) and the
+//! destinations that are not pods (`NodePlan::unprobed`). Both follow from the node's pods and the links'
+//! resolutions, so they are recomputed for the nodes a batch touched.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use ipnet::IpNet;
+use isthmus_agent_api::{LinkId, NodePlan};
+
+use super::resolve::Resolution;
+use crate::index::ObjectKey;
+
+/// Fills `plan.unverified` and `plan.unprobed` from the links its destinations name; true when either changed.
+pub(super) fn annotate(plan: &mut NodePlan, resolutions: &BTreeMap<ObjectKey, Resolution>) -> bool {
+    let mut unverified: BTreeSet<LinkId> = BTreeSet::new();
+    let mut unprobed: BTreeSet<IpNet> = BTreeSet::new();
+    let mut last: Option<(&str, &str, Option<&Resolution>)> = None;
+    for dest in plan.pods.iter().flat_map(|p| &p.destinations) {
+        let (ns, name) = (dest.link.namespace.as_str(), dest.link.name.as_str());
+        // Destinations of one link sit together; look the link up once per run of them.
+        let resolution = match last {
+            Some((n, m, r)) if n == ns && m == name => r,
+            _ => {
+                let r = resolutions.get(&ObjectKey::new(ns, name));
+                last = Some((ns, name, r));
+                r
+            }
+        };
+        let Some(resolution) = resolution else { continue };
+        if !resolution.verify {
+            unverified.insert(LinkId { namespace: ns.to_owned(), name: name.to_owned() });
+        }
+        if resolution.unprobed.binary_search(&dest.destination).is_ok() {
+            unprobed.insert(dest.destination);
+        }
+    }
+    let unverified: Vec<LinkId> = unverified.into_iter().collect();
+    let unprobed: Vec<IpNet> = unprobed.into_iter().collect();
+    let changed = plan.unverified != unverified || plan.unprobed != unprobed;
+    plan.unverified = unverified;
+    plan.unprobed = unprobed;
+    changed
+}
