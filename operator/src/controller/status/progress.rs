@@ -2,7 +2,7 @@
 //! node's desired plan and the latest report of its agent. Pure. The readiness gate judges a pod's whole entry
 //! with the same [`judge`], so that a pod and its links never disagree on what is applied.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use isthmus_agent_api::{DatapathKind, NodePlan, PodErrorKind, PodOutcome, PodPlan, PodResult, QueueCap};
 
@@ -22,8 +22,6 @@ pub struct Progress {
     /// Applied pairs whose `queueLimit` the agent cut to its queue budget, and the first such cut.
     pub queue_limits_capped: u32,
     pub first_cap: Option<QueueCap>,
-    /// The nodes where some of its pairs are applied.
-    pub nodes: BTreeSet<String>,
 }
 
 /// Sorts every desired pair into applied, failed or (neither) pending, per link, from each node's desired plan
@@ -43,9 +41,6 @@ pub fn progress<'a>(
                 match judge(&plan.node, report, confirmed.map(|r| &r.outcome), needs_netem) {
                     Outcome::Applied => {
                         p.applied += pairs;
-                        if !p.nodes.contains(&plan.node) {
-                            p.nodes.insert(plan.node.clone());
-                        }
                         if report
                             .and_then(|r| r.capabilities.as_ref())
                             .is_some_and(|c| c.datapath == DatapathKind::Userspace)
