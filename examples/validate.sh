@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# make examples-validate: every examples/*.yaml against a real Kubernetes 1.34 API server with the NetworkLink CRD.
+# make examples-validate: every examples/*.yaml against a real Kubernetes 1.34 API server with the isthmus CRDs.
 #   - static: each file starts with a comment saying what to expect; every NetworkLink's selectors pick pods of a
-#     workload in the same file (an example that selects nothing would apply but show nothing);
+#     workload in the same file, and so does every region of a NetworkTopology (an example that selects nothing
+#     would apply but show nothing);
 #   - the CRD (charts/isthmus/crds, = crds/networklink.yaml) is installed on a control-plane-only cluster, the
 #     examples' Namespaces are created, and each file passes `kubectl apply --dry-run=server --validate=strict`
 #     (OpenAPI schema, CEL rules, unknown fields refused);
@@ -40,8 +41,15 @@ for path in sys.argv[1:]:
     pods = [(d["metadata"]["namespace"], d["spec"]["template"]["metadata"]["labels"])
             for d in docs if d["kind"] in ("Deployment", "StatefulSet", "DaemonSet")]
     links = [d for d in docs if d["kind"] == "NetworkLink"]
-    if not links:
-        print(f"{path}: no NetworkLink"); bad = True
+    topologies = [d for d in docs if d["kind"] == "NetworkTopology"]
+    if not links and not topologies:
+        print(f"{path}: no NetworkLink or NetworkTopology"); bad = True
+    for t in topologies:
+        ns, spec = t["metadata"]["namespace"], t["spec"]
+        for r in spec["regions"]:
+            sel = r.get("podSelector") or {"matchLabels": {spec["regionLabel"]: r["name"]}}
+            if not any(pns == ns and matches(sel, labels) for pns, labels in pods):
+                print(f"{path}: NetworkTopology {t['metadata']['name']}: region {r['name']} has no workload in the file"); bad = True
     for l in links:
         ns = l["metadata"]["namespace"]
         for side in ("from", "to"):
@@ -50,7 +58,7 @@ for path in sys.argv[1:]:
                 continue
             if not any(pns == ns and matches(sel, labels) for pns, labels in pods):
                 print(f"{path}: NetworkLink {l['metadata']['name']}: spec.{side}.podSelector selects no workload in the file"); bad = True
-    print(f"examples-validate: {path}: {len(links)} NetworkLink(s), {len(pods)} workload(s)")
+    print(f"examples-validate: {path}: {len(links)} NetworkLink(s), {len(topologies)} NetworkTopology(s), {len(pods)} workload(s)")
 sys.exit(1 if bad else 0)
 PY
 
@@ -59,14 +67,14 @@ cmp -s crds/networklink.yaml charts/isthmus/crds/networklink.yaml ||
 cluster_up=1
 e2e/cluster/cluster up --control-plane-only >"$work/up.log" 2>&1 || { tail -20 "$work/up.log"; fail "cluster up"; }
 kc() { e2e/cluster/cluster kubectl "$@"; }
-kc apply --server-side -f charts/isthmus/crds/networklink.yaml >/dev/null
-kc wait --for condition=Established crd/networklinks.isthmus.dev --timeout=60s >/dev/null
+kc apply --server-side -f charts/isthmus/crds/ >/dev/null
+kc wait --for condition=Established crd/networklinks.isthmus.dev crd/networktopologies.isthmus.dev --timeout=60s >/dev/null
 for f in "${examples[@]}"; do
   # Namespaces for real (a dry-run Namespace does not exist for the objects after it), the rest as a dry run.
   python3 -c 'import sys,yaml; [print(d["metadata"]["name"]) for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"]=="Namespace"]' "$f" |
     while read -r ns; do kc get namespace "$ns" >/dev/null 2>&1 || kc create namespace "$ns" >/dev/null; done
   kc apply --dry-run=server --validate=strict -f "$f" >"$work/out" 2>&1 || { cat "$work/out"; fail "$f refused by the API server"; }
-  echo "examples-validate: $f: $(grep -c 'networklink.isthmus.dev/' "$work/out") NetworkLink(s), $(grep -c . "$work/out") objects accepted (server dry run)"
+  echo "examples-validate: $f: $(grep -c 'networklink.isthmus.dev/' "$work/out") NetworkLink(s), $(grep -c 'networktopology.isthmus.dev/' "$work/out") NetworkTopology(s), $(grep -c . "$work/out") objects accepted (server dry run)"
 done
 
 # The dry run really checks NetworkLinks against the CRD: a wrong unit must be refused, naming the field.
@@ -77,4 +85,12 @@ if kc apply --dry-run=server --validate=strict -f "$work/broken.yaml" >"$work/ou
 fi
 grep -q 'spec.impairment.bandwidth' "$work/out" || { cat "$work/out"; fail "the refusal does not name spec.impairment.bandwidth"; }
 echo "examples-validate: a broken copy (bandwidth: 50mbps) is refused: $(grep -o 'spec.impairment.bandwidth[^,]*' "$work/out" | head -1)"
+# And topologies: a dataset region the dataset does not have is refused, naming the field.
+sed 's/datasetRegion: japaneast/datasetRegion: japan-east/' examples/five-regions.yaml >"$work/broken.yaml"
+grep -q 'datasetRegion: japan-east' "$work/broken.yaml" || fail "could not make the broken topology copy"
+if kc apply --dry-run=server --validate=strict -f "$work/broken.yaml" >"$work/out" 2>&1; then
+  fail "a datasetRegion japan-east was accepted"
+fi
+grep -q 'spec.regions\[3\].datasetRegion' "$work/out" || { cat "$work/out"; fail "the refusal does not name spec.regions[3].datasetRegion"; }
+echo "examples-validate: a broken topology (datasetRegion: japan-east) is refused: $(grep -o 'spec.regions\[3\].datasetRegion[^,]*' "$work/out" | head -1)"
 echo "examples-validate: all ${#examples[@]} examples valid"

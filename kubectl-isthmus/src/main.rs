@@ -7,14 +7,14 @@ use isthmus_operator::index::ObjectKey;
 
 use kubectl_isthmus::cluster::{self, AgentLocation};
 use kubectl_isthmus::explain::{self, Answer};
-use kubectl_isthmus::links;
 use kubectl_isthmus::target::{self, DestArg};
+use kubectl_isthmus::{links, matrix};
 
 #[derive(Parser)]
 #[command(
     name = "kubectl isthmus",
     version,
-    about = "Inspect isthmus NetworkLinks: configured vs measured, and which link decides a pair and why"
+    about = "Inspect isthmus NetworkLinks and NetworkTopologies: configured vs measured, and which link decides a pair and why"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -32,6 +32,14 @@ enum Command {
         /// List the links of every namespace.
         #[arg(short = 'A', long)]
         all_namespaces: bool,
+    },
+    /// A NetworkTopology's round trips between its regions: configured and measured, one row per `from` region.
+    Matrix {
+        /// The NetworkTopology.
+        topology: String,
+        /// Its namespace (default: the kubeconfig context's).
+        #[arg(short, long)]
+        namespace: Option<String>,
     },
     /// Which NetworkLink decides the pair POD → DEST, the priority contest it won, the node, the datapath,
     /// the kernel objects installed for it (asked of the node's agent through `pods/exec`) and its last
@@ -66,6 +74,12 @@ async fn main() -> anyhow::Result<()> {
             let stored = cluster::list_links(&client, ns.as_deref()).await?;
             let rows = stored.iter().map(links::LinkRow::from_stored).collect();
             print!("{}", links::render(rows, all_namespaces));
+        }
+        Command::Matrix { topology, namespace } => {
+            let ns = namespace.unwrap_or_else(|| client.default_namespace().to_owned());
+            let api: kube::Api<isthmus_operator::topology::NetworkTopology> = kube::Api::namespaced(client, &ns);
+            let t = api.get(&topology).await.with_context(|| format!("reading NetworkTopology {ns}/{topology}"))?;
+            print!("{}", matrix::render(&t));
         }
         Command::Explain { pod, dest, namespace, agent_selector, agent_namespace, no_agent } => {
             let ns = namespace.unwrap_or_else(|| client.default_namespace().to_owned());

@@ -5,6 +5,8 @@
 //!   with a Service, and 10 links `app-j → app-(j+1)`; dual-stack pods.
 //! - 200-pod full mesh: one link `{} → {}` in one namespace: 200 × 199 = 39,800 directed pairs.
 //! - one-pod update at 1,000 pods × 100 links: a destination pod changes its IP, then `recompute`.
+//! - NetworkTopology of issue 16: 20 regions (the Azure dataset's) × 50 pods, expanded into 400 NetworkLinks
+//!   (380 directed region pairs and 20 intra-region), then the full plan: 1,000 pods, 999 destinations each.
 //! - memory: bytes held by the planner after the full computation and the allocation peak during it (a
 //!   counting allocator), and the process's peak RSS; and bytes held per pair for one link at the default
 //!   per-link limit: 1,000 source pods × 512 destinations (256 dual-stack pods), 512,000 pairs.
@@ -158,6 +160,77 @@ fn wide() -> Index {
     index
 }
 
+/// 20 regions × 50 single-stack pods labelled `isthmus.dev/region`, and the NetworkTopology over them.
+fn topology_world() -> (Index, isthmus_operator::topology::NetworkTopologySpec) {
+    use isthmus_operator::topology::dataset::{DatasetRegion, table};
+    use isthmus_operator::topology::spec::{DEFAULT_PRIORITY, Dataset, RegionSpec};
+    let mut index = Index::default();
+    index.namespaces.insert("world".into(), labels(&[("kubernetes.io/metadata.name", "world")]));
+    let regions: Vec<String> = table(Dataset::Azure).regions().iter().take(20).cloned().collect();
+    let mut n = 0;
+    for (r, region) in regions.iter().enumerate() {
+        for i in 0..50 {
+            n += 1;
+            let (k, mut v) = pod("world", &format!("{region}-{i}"), "db", (n as usize) % 20, n);
+            v.ips.truncate(1);
+            v.labels.insert("isthmus.dev/region".into(), format!("r{r}"));
+            index.pods.insert(k, v);
+        }
+    }
+    let spec = isthmus_operator::topology::NetworkTopologySpec {
+        region_label: Some("isthmus.dev/region".into()),
+        regions: regions
+            .iter()
+            .enumerate()
+            .map(|(r, d)| RegionSpec {
+                name: format!("r{r}"),
+                pod_selector: None,
+                dataset_region: Some(DatasetRegion(d.clone())),
+            })
+            .collect(),
+        dataset: Some(Dataset::Azure),
+        default: None,
+        intra_region: Some(ImpairmentSpec { latency: Some("1ms".into()), ..Default::default() }),
+        links: vec![],
+        routing: None,
+        priority: DEFAULT_PRIORITY,
+        verify: None,
+    };
+    (index, spec)
+}
+
+/// Expansion of the topology into its links, then the full plan over them.
+fn topology_plan(world: &(Index, isthmus_operator::topology::NetworkTopologySpec), runs: usize) -> Row {
+    let mut samples = Vec::with_capacity(runs);
+    let (mut pairs, mut links, mut max_per_pod) = (0, 0, 0);
+    for _ in 0..runs {
+        let mut index = world.0.clone();
+        let start = Instant::now();
+        let expansion = isthmus_operator::topology::expand("world", &world.1).expect("the world expands");
+        for child in &expansion.children {
+            let mut l = NetworkLink::new(&child.name, child.spec.clone());
+            l.metadata.namespace = Some("world".into());
+            l.metadata.creation_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::from_second(1).unwrap()));
+            let (k, v) = LinkInfo::from_link(&l);
+            index.links.insert(k, v);
+        }
+        let planner = compute(index);
+        samples.push(start.elapsed());
+        links = expansion.children.len();
+        let per_pod: Vec<usize> = planner.node_plans().flat_map(|p| &p.pods).map(|p| p.destinations.len()).collect();
+        pairs = per_pod.iter().sum();
+        max_per_pod = per_pod.iter().copied().max().unwrap_or(0);
+    }
+    let (median, max) = median_of(samples);
+    Row {
+        scenario: "topology: expand + full plan, 20 regions × 50 pods",
+        median,
+        max,
+        target: Duration::from_millis(50),
+        detail: format!("{links} links, {pairs} pairs, ≤ {max_per_pod} destinations per pod, {runs} runs"),
+    }
+}
+
 fn median_of(mut samples: Vec<Duration>) -> (Duration, Duration) {
     samples.sort();
     (samples[samples.len() / 2], *samples.last().unwrap())
@@ -224,6 +297,7 @@ fn main() {
         full("full plan, 1,000 pods × 100 links", &big, runs, Duration::from_millis(20)),
         full("full plan, 200-pod full mesh", &mesh, runs, Duration::from_millis(200)),
         one_pod_update(&big, if quick { 2 } else { 1001 }),
+        topology_plan(&topology_world(), runs),
     ];
 
     // Memory: what the planner keeps, and the allocation peak while computing, for the 1,000 × 100 world.

@@ -9,6 +9,7 @@
 //! - [`controller`]: watches, per-node dispatch to the agents, status and the cleanup finalizer;
 //! - [`leader`]: leader election on a Lease, fenced on the Lease's own expiry;
 //! - [`metrics`], [`telemetry`]: the Prometheus metrics, logging and the `/metrics`, `/healthz`, `/readyz` server;
+//! - [`topology`]: the `NetworkTopology` resource, its expansion into NetworkLinks and their reconciler;
 //! - [`uninstall`]: `isthmus-operator uninstall`, the chart's pre-delete hook.
 
 pub mod api;
@@ -22,5 +23,6 @@ pub mod metrics;
 pub mod pki;
 pub mod plan;
 pub mod telemetry;
+pub mod topology;
 pub mod uninstall;
 pub mod units;

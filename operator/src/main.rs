@@ -176,12 +176,17 @@ async fn main() -> anyhow::Result<()> {
         leader: leadership.leader.clone(),
         ready,
     };
+    let topologies = tokio::spawn(isthmus_operator::topology::reconcile::run(
+        ctx.client.clone(),
+        leadership.leader.clone(),
+        shutdown_rx.clone(),
+    ));
     let controller = tokio::spawn(controller::run(ctx, shutdown_rx));
 
     wait_for_signal().await?;
     tracing::info!("shutting down");
     let _ = shutdown_tx.send(true);
-    let _ = controller.await;
+    let _ = tokio::join!(controller, topologies);
     let _ = tokio::join!(upkeep, signer);
     leadership.release().await;
     match http.await {

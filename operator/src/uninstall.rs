@@ -3,7 +3,8 @@
 //! impairments from every node. Runs in the operator's own image, so the hook needs no other image.
 //!
 //! The wait watches rather than polls, and a link created meanwhile is deleted as well: when this returns `Ok`,
-//! no NetworkLink exists anywhere.
+//! no NetworkLink exists anywhere. NetworkTopologies are deleted first, or the operator would make their links
+//! again.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -16,6 +17,7 @@ use kube::runtime::watcher::{self, Event, watcher};
 use kube::{Client, ResourceExt as _};
 
 use crate::api::StoredLink;
+use crate::topology::NetworkTopology;
 
 /// Why the uninstall did not finish.
 #[derive(Debug, thiserror::Error)]
@@ -62,6 +64,8 @@ impl fmt::Display for Remaining<'_> {
 /// deadline; the timeout error names every link still present and the last API error.
 pub async fn delete_all_and_wait(client: Client, timeout: Duration) -> Result<usize, UninstallError> {
     let deadline = tokio::time::Instant::now() + timeout;
+    // A topology would make its links again while the operator runs: topologies go first.
+    delete_topologies(&client, deadline, timeout).await?;
     let links: Api<StoredLink> = Api::all(client.clone());
     let mut stream = std::pin::pin!(watcher(links, watcher::Config::default()).default_backoff());
     // Links present now, by `namespace/name`, with their finalizers.
@@ -130,6 +134,42 @@ pub async fn delete_all_and_wait(client: Client, timeout: Duration) -> Result<us
                 last_error = Some(format!("deleting {}: {e}", key(&link)));
             }
         }
+    }
+}
+
+/// Deletes every NetworkTopology (their links follow through the garbage collector, and the wait below). A
+/// cluster without the NetworkTopology CRD has none.
+async fn delete_topologies(
+    client: &Client,
+    deadline: tokio::time::Instant,
+    timeout: Duration,
+) -> Result<(), UninstallError> {
+    let all: Api<NetworkTopology> = Api::all(client.clone());
+    loop {
+        let last_error = match all.list(&Default::default()).await {
+            Ok(list) if list.items.is_empty() => return Ok(()),
+            Ok(list) => {
+                for t in list.items {
+                    let api: Api<NetworkTopology> = Api::namespaced(client.clone(), &t.namespace().unwrap_or_default());
+                    match api.delete(&t.name_any(), &DeleteParams::background()).await {
+                        Ok(_) => tracing::info!(topology = %t.name_any(), "NetworkTopology deleted"),
+                        Err(kube::Error::Api(s)) if s.code == 404 => {}
+                        Err(e) => tracing::warn!(topology = %t.name_any(), error = %e, "deleting NetworkTopology"),
+                    }
+                }
+                "NetworkTopologies still present after deleting them".to_owned()
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
+            Err(e) => e.to_string(),
+        };
+        if tokio::time::Instant::now() >= deadline {
+            return Err(UninstallError::Timeout {
+                timeout,
+                remaining: BTreeMap::new(),
+                last_error: Some(format!("deleting NetworkTopologies: {last_error}")),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 

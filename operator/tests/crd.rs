@@ -15,6 +15,16 @@ fn committed_crd_is_current() {
 }
 
 #[test]
+fn committed_topology_crd_is_current() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../crds/networktopology.yaml");
+    let committed = std::fs::read_to_string(path).expect("crds/networktopology.yaml exists");
+    assert!(
+        committed == isthmus_operator::topology::crd_yaml().unwrap(),
+        "crds/networktopology.yaml is stale: run `cargo run -p isthmus-operator --bin crdgen -- topology > crds/networktopology.yaml`"
+    );
+}
+
+#[test]
 fn schema_carries_the_unit_patterns_and_rules() {
     let yaml = crd_yaml().unwrap();
     for needle in [

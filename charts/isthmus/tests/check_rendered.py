@@ -27,9 +27,12 @@ def main():
     # The operator's cluster-wide rules, exactly: what docs and README promise. pods/status is patch only: the
     # readiness gate applies its one condition and never replaces the kubelet's status.
     operator_rules = {
-        ("isthmus.dev", "networklinks"): ["get", "list", "watch", "update", "patch"],
+        ("isthmus.dev", "networklinks"): ["get", "list", "watch", "create", "update", "patch", "delete"],
         ("isthmus.dev", "networklinks/status"): ["get", "update", "patch"],
         ("isthmus.dev", "networklinks/finalizers"): ["update"],
+        ("isthmus.dev", "networktopologies"): ["get", "list", "watch"],
+        ("isthmus.dev", "networktopologies/status"): ["get", "update", "patch"],
+        ("isthmus.dev", "networktopologies/finalizers"): ["update"],
         ("", "pods"): ["get", "list", "watch"],
         ("", "namespaces"): ["get", "list", "watch"],
         ("", "services"): ["get", "list", "watch"],

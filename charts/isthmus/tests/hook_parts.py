@@ -34,9 +34,10 @@ else:
     if not container["securityContext"].get("readOnlyRootFilesystem"):
         problems.append("container securityContext.readOnlyRootFilesystem is not true")
     (role,) = [d for d in docs if d["kind"] == "ClusterRole"]
-    verbs = sorted(v for rule in role["rules"] for v in rule["verbs"])
-    if verbs != ["delete", "list", "watch"]:
-        problems.append(f"ClusterRole verbs {verbs}, want exactly list, watch, delete")
+    rules = {tuple(r["resources"]): sorted(r["verbs"]) for r in role["rules"]}
+    want = {("networklinks",): ["delete", "list", "watch"], ("networktopologies",): ["delete", "list"]}
+    if rules != want:
+        problems.append(f"ClusterRole rules {rules}, want exactly networklinks list/watch/delete and networktopologies list/delete")
     if problems:
         sys.exit("uninstall hook: " + "; ".join(problems))
     print("\n".join(container["args"]))

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # make chart-lint: checks of charts/isthmus without nodes.
-#   1. charts/isthmus/crds/networklink.yaml is byte-identical to the generated crds/networklink.yaml;
+#   1. charts/isthmus/crds/networklink.yaml and networktopology.yaml are byte-identical to the generated crds/;
 #   2. helm lint --strict and helm template for several value sets; static checks of the rendered objects
 #      (no RBAC wildcards, the operator's and the agent's exact rules, the agent's exact capabilities, non-root
 #      operator, matching identities, no rendered Secret holding a CA key — and that check refuses one that does);
@@ -44,6 +44,8 @@ crd=${ISTHMUS_CRD:-crds/networklink.yaml}
 [ -s "$crd" ] || fail "$crd is empty or missing (regenerate: cargo run -p isthmus-operator --bin crdgen > crds/networklink.yaml)"
 cmp -s "$crd" "$CHART/crds/networklink.yaml" ||
   fail "charts/isthmus/crds/networklink.yaml differs from $crd: cp crds/networklink.yaml charts/isthmus/crds/"
+cmp -s crds/networktopology.yaml "$CHART/crds/networktopology.yaml" ||
+  fail "charts/isthmus/crds/networktopology.yaml differs from crds/networktopology.yaml: cp crds/networktopology.yaml charts/isthmus/crds/"
 step "CRD copy identical to $crd"
 
 # ---- 2. lint and render the value variants
@@ -154,7 +156,7 @@ e2e/cluster/cluster up --control-plane-only >"$work/up.log" 2>&1 || { tail -20 "
 kc() { e2e/cluster/cluster kubectl "$@"; }
 export KUBECONFIG
 KUBECONFIG=$(e2e/cluster/cluster kubeconfig)
-kc apply --server-side -f "$CHART/crds/networklink.yaml" >/dev/null
+kc apply --server-side -f "$CHART/crds/" >/dev/null
 kc wait --for condition=Established crd/networklinks.isthmus.dev --timeout=60s >/dev/null
 for v in "${variants[@]}"; do
   IFS='|' read -r name release ns args <<<"$v"

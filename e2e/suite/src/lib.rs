@@ -213,7 +213,10 @@ impl TestNamespace {
 
 impl Drop for TestNamespace {
     fn drop(&mut self) {
-        // Links first, so their finalizers run while the operator and the pods still exist.
+        // Links first, so their finalizers run while the operator and the pods still exist; topologies before
+        // links, or the operator would make their links again.
+        let _ =
+            kubectl_raw(&["-n", &self.name, "delete", "networktopologies", "--all", "--wait", "--timeout=60s"], None);
         let _ = kubectl_raw(&["-n", &self.name, "delete", "networklinks", "--all", "--wait", "--timeout=60s"], None);
         let _ = kubectl_raw(&["delete", "namespace", &self.name, "--wait", "--timeout=120s"], None);
     }

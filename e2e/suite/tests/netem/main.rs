@@ -1,6 +1,6 @@
 //! End-to-end scenarios of netem's impairments: latency, jitter, loss, duplication, corruption, reordering, a long
 //! fat network, head-of-line blocking, Service traffic, rescheduling, edits, the kernel-dependent duplicate
-//! restriction, and a link's measurement of itself — each measured from inside pods with isthmus-probe, against a baseline measured in the same run.
+//! restriction, a link's measurement of itself, and a NetworkTopology's matrix of regions — each measured from inside pods with isthmus-probe, against a baseline measured in the same run.
 //! Through the tc datapath on nodes whose kernel has sch_netem (the vm provider here, kind on GitHub's runners),
 //! through the userspace datapath on nodes without it (this machine's kernel, the local provider):
 //! `ISTHMUS_E2E_DATAPATH`, set by e2e/suite/run.
@@ -47,6 +47,7 @@ const SCENARIOS: &[Scenario] = &[
     ("edit_and_delete", scenarios::lifecycle::edit_and_delete),
     ("duplicate_restriction_follows_the_kernel", scenarios::packets::duplicate_restriction_follows_the_kernel),
     ("measured_follows_the_link", scenarios::measured::measured_follows_the_link),
+    ("topology_matrix", scenarios::topology::topology_matrix),
 ];
 
 /// Scenarios left out on the userspace datapath, and why. Each costs minutes of waiting for probe windows; on this

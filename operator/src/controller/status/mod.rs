@@ -14,6 +14,8 @@ mod measured;
 mod progress;
 pub(super) mod writer;
 
+pub use writer::now_seconds;
+
 pub use measured::{CONFORMANT, MeasuredPart, measured_part, place_measured};
 pub use progress::{Outcome, Progress, confirmed_outcome, judge, progress};
 

@@ -54,7 +54,7 @@ impl StatusQueue {
     }
 }
 
-pub(in crate::controller) fn now_seconds() -> Time {
+pub fn now_seconds() -> Time {
     // The API server keeps whole seconds; a sub-second time would never compare equal after a round trip.
     let secs = k8s_openapi::jiff::Timestamp::now().as_second();
     Time(k8s_openapi::jiff::Timestamp::from_second(secs).expect("now is a valid timestamp"))

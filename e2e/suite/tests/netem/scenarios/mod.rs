@@ -6,3 +6,4 @@ pub mod loss;
 pub mod measured;
 pub mod packets;
 pub mod throughput;
+pub mod topology;
