@@ -77,20 +77,17 @@ for f in "${examples[@]}"; do
   echo "examples-validate: $f: $(grep -c 'networklink.isthmus.dev/' "$work/out") NetworkLink(s), $(grep -c 'networktopology.isthmus.dev/' "$work/out") NetworkTopology(s), $(grep -c . "$work/out") objects accepted (server dry run)"
 done
 
-# The dry run really checks NetworkLinks against the CRD: a wrong unit must be refused, naming the field.
-sed 's/bandwidth: 50Mbit/bandwidth: 50mbps/' examples/bandwidth-only.yaml >"$work/broken.yaml"
-grep -q 'bandwidth: 50mbps' "$work/broken.yaml" || fail "could not make the broken copy"
-if kc apply --dry-run=server --validate=strict -f "$work/broken.yaml" >"$work/out" 2>&1; then
-  fail "a bandwidth of 50mbps was accepted"
-fi
-grep -q 'spec.impairment.bandwidth' "$work/out" || { cat "$work/out"; fail "the refusal does not name spec.impairment.bandwidth"; }
-echo "examples-validate: a broken copy (bandwidth: 50mbps) is refused: $(grep -o 'spec.impairment.bandwidth[^,]*' "$work/out" | head -1)"
-# And topologies: a dataset region the dataset does not have is refused, naming the field.
-sed 's/datasetRegion: japaneast/datasetRegion: japan-east/' examples/five-regions.yaml >"$work/broken.yaml"
-grep -q 'datasetRegion: japan-east' "$work/broken.yaml" || fail "could not make the broken topology copy"
-if kc apply --dry-run=server --validate=strict -f "$work/broken.yaml" >"$work/out" 2>&1; then
-  fail "a datasetRegion japan-east was accepted"
-fi
-grep -q 'spec.regions\[3\].datasetRegion' "$work/out" || { cat "$work/out"; fail "the refusal does not name spec.regions[3].datasetRegion"; }
-echo "examples-validate: a broken topology (datasetRegion: japan-east) is refused: $(grep -o 'spec.regions\[3\].datasetRegion[^,]*' "$work/out" | head -1)"
+# The dry run really checks objects against the CRDs: a broken copy must be refused, naming the field.
+refused() { # FILE FROM TO FIELD: FILE with FROM replaced by TO must be refused by the API server, naming FIELD
+  local file=$1 from=$2 to=$3 field=$4
+  sed "s/$from/$to/" "$file" >"$work/broken.yaml"
+  grep -qF "$to" "$work/broken.yaml" || fail "could not make the broken copy of $file"
+  if kc apply --dry-run=server --validate=strict -f "$work/broken.yaml" >"$work/out" 2>&1; then
+    fail "$file with $to was accepted"
+  fi
+  grep -qF "$field" "$work/out" || { cat "$work/out"; fail "the refusal of $to does not name $field"; }
+  echo "examples-validate: a broken copy ($to) is refused: $(grep -F "$field" "$work/out" | head -1 | cut -c1-160)"
+}
+refused examples/bandwidth-only.yaml 'bandwidth: 50Mbit' 'bandwidth: 50mbps' 'spec.impairment.bandwidth'
+refused examples/five-regions.yaml 'datasetRegion: japaneast' 'datasetRegion: japan-east' 'spec.regions[3].datasetRegion'
 echo "examples-validate: all ${#examples[@]} examples valid"
