@@ -64,6 +64,26 @@ impl RttReport {
         self.0["loss_ratio"].as_f64().expect("loss_ratio")
     }
 
+    /// Datagrams a full receive buffer dropped at either end of a counted run
+    /// ([`TestNamespace::rtt_run_counted`]).
+    pub fn buffer_drops(&self) -> u64 {
+        self.0["receive_buffer_drops"].as_u64().expect("receive_buffer_drops (a counted run: rtt_run_counted)")
+    }
+
+    /// Probes that no full buffer dropped: what the link decided.
+    pub fn path_sent(&self) -> u64 {
+        self.count("sent").saturating_sub(self.buffer_drops())
+    }
+
+    /// Probes the path lost: those lost less the ones a full buffer dropped.
+    pub fn path_lost(&self) -> u64 {
+        self.count("lost").saturating_sub(self.buffer_drops())
+    }
+
+    pub fn path_loss_ratio(&self) -> f64 {
+        self.path_lost() as f64 / self.path_sent().max(1) as f64
+    }
+
     /// (count, mean length) of runs of consecutive lost probes.
     pub fn loss_bursts(&self) -> (u64, f64) {
         let b = &self.0["loss_bursts"];
@@ -83,8 +103,11 @@ impl RttReport {
     /// One line for the test's log.
     pub fn describe(&self) -> String {
         let rtt = &self.0["rtt_ms"];
+        let drops = self.0["receive_buffer_drops"]
+            .as_u64()
+            .map_or(String::new(), |n| format!("; {n} of them dropped by a full receive buffer"));
         format!(
-            "sent {} lost {} ({:.2} %) dup {} reordered {} corrupted {}; rtt p10 {} p50 {} p90 {} mean {} ms",
+            "sent {} lost {} ({:.2} %{drops}) dup {} reordered {} corrupted {}; rtt p10 {} p50 {} p90 {} mean {} ms",
             self.0["sent"],
             self.0["lost"],
             self.loss_ratio() * 100.0,
@@ -138,4 +161,25 @@ impl TestNamespace {
     pub fn counters(&self, pod: &str) -> Value {
         parse(&self.kubectl(&["exec", pod, "--", "isthmus-probe", "counters"]))
     }
+
+    /// [`rtt_run`](Self::rtt_run) from `pod` to `target_pod`'s echo at `target_ip`, counting what the machine lost
+    /// rather than the link: the datagrams that either pod's kernel dropped meanwhile because the receiving
+    /// socket's buffer was full (`Udp: RcvbufErrors` of each network namespace), as `receive_buffer_drops` in the
+    /// report. An emulated node stalls for hundreds of ms on a busy machine, and a socket whose reader waits for a
+    /// CPU that long overflows; each such drop loses exactly one probe.
+    pub fn rtt_run_counted(&self, pod: &str, target_pod: &str, target_ip: &str, run: RttRun) -> RttReport {
+        let ends = [pod, target_pod];
+        let before = ends.map(|p| self.counters(p));
+        let mut report = self.rtt_run(pod, target_ip, run);
+        let after = ends.map(|p| self.counters(p));
+        let drops: u64 = (0..2)
+            .map(|i| udp_counter(&after[i], "RcvbufErrors").saturating_sub(udp_counter(&before[i], "RcvbufErrors")))
+            .sum();
+        report.0["receive_buffer_drops"] = drops.into();
+        report
+    }
+}
+
+fn udp_counter(counters: &Value, name: &str) -> u64 {
+    counters["udp"][name].as_u64().unwrap_or_else(|| panic!("no Udp {name} in {counters}"))
 }

@@ -86,6 +86,12 @@ impl Fixture {
         ));
     }
 
+    /// Round trips from `client` to `to`, counting the datagrams a full receive buffer dropped at either end
+    /// ([`TestNamespace::rtt_run_counted`]): for the figures that count losses.
+    pub fn rtt_counted(&self, to: &Pod, run: RttRun) -> RttReport {
+        self.ns.rtt_run_counted(&self.client.name, &to.name, &to.ip, run)
+    }
+
     /// A one-way link from pods `app=<from>` to pods `app=<to>` with `impairment` (a YAML flow map).
     pub fn one_way(&self, name: &str, from: &str, to: &str, impairment: &str) -> Link<'_> {
         self.link(name, &one_way_spec(from, to, impairment))

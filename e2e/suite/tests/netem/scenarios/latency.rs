@@ -23,7 +23,7 @@ pub fn latency_and_jitter(f: &Fixture) {
     let link = f.link("lat", &spec("{latency: 40ms}"));
     assert_shaped(&f.client, &[("netem", "delay 40ms")]);
     assert_shaped(&f.server, &[("netem", "delay 40ms")]);
-    let r = f.ns.rtt_run(&f.client.name, &f.server.ip, RttRun::new(400));
+    let r = f.rtt_counted(&f.server, RttRun::new(400));
     println!("40ms each way: {}", r.describe());
     at_least("RTT p10, ms", r.ms("p10"), base.floor_plus(2.0 * LATENCY_MS), "the path's floor + 80 ms");
     report(
@@ -32,7 +32,7 @@ pub fn latency_and_jitter(f: &Fixture) {
         base.shifted_band(2.0 * LATENCY_MS, 2),
         "baseline p10..p90 + 80 ms + timer slack",
     );
-    at_most("probes lost to a latency-only link", r.count("lost") as f64, 0.0, "latency drops nothing");
+    at_most("probes lost to a latency-only link", r.path_lost() as f64, 0.0, "latency drops nothing");
 
     f.apply_link("lat", &spec(&format!("{{latency: {LATENCY_MS}ms, jitter: {JITTER_MS}ms}}")));
     f.ns.wait_link_applied("lat");

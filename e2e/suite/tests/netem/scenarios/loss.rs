@@ -11,18 +11,20 @@ use crate::fixture::Fixture;
 /// datagrams of its own): at 5 % the binomial standard deviation is 0.49 %, so the band is ±2.2 %.
 const PROBES: u32 = 2000;
 
+const CLEAN_RUN_ATTEMPTS: usize = 3;
+
 /// 5 % random loss, measured over 2,000 probes.
 pub fn random_loss(f: &Fixture) {
     let base = Baseline::measure(&f.ns, &f.client.name, &f.server.ip);
     let link = f.one_way("loss", "client", "server", "{loss: {percent: 5%}}");
-    let r = f.ns.rtt_run(&f.client.name, &f.server.ip, RttRun::new(PROBES).interval_ms(5));
+    let r = f.rtt_counted(&f.server, RttRun::new(PROBES).interval_ms(5));
     println!("5% loss: {}", r.describe());
     let p = 0.05 + base.loss;
     within(
         "loss ratio",
-        r.loss_ratio(),
-        proportion_band(p, f64::from(PROBES), 1.0),
-        "5 % plus the baseline's, ±4.5 σ binomial",
+        r.path_loss_ratio(),
+        proportion_band(p, r.path_sent() as f64, 1.0),
+        "5 % plus the baseline's, ±4.5 σ binomial, over the probes no full receive buffer dropped",
     );
     drop(link);
 }
@@ -37,8 +39,25 @@ pub fn gilbert_elliott_loss(f: &Fixture) {
         "server",
         "{loss: {gilbertElliott: {p: 5%, r: 40%, lossInBad: 100%, lossInGood: 0%}}}",
     );
-    let r = f.ns.rtt_run(&f.client.name, &f.server.ip, RttRun::new(PROBES).interval_ms(5));
-    println!("Gilbert-Elliott: {}", r.describe());
+    // A full receive buffer drops a burst of its own, which no counter tells apart from the link's: the figures
+    // are taken from a run without one, the first of up to three.
+    let mut runs = Vec::new();
+    while runs.len() < CLEAN_RUN_ATTEMPTS {
+        let r = f.rtt_counted(&f.server, RttRun::new(PROBES).interval_ms(5));
+        println!("Gilbert-Elliott: {}", r.describe());
+        let clean = r.buffer_drops() == 0;
+        runs.push(r);
+        if clean {
+            break;
+        }
+    }
+    let r = runs.pop().expect("a run");
+    assert_eq!(
+        r.buffer_drops(),
+        0,
+        "each of {CLEAN_RUN_ATTEMPTS} runs had datagrams dropped by a full receive buffer (the machine stalled the \
+         pods): no run tells the link's bursts"
+    );
     let (p, q) = (0.05f64, 0.40f64);
     let mean_loss = p / (p + q) + base.loss;
     // Consecutive states are correlated (λ = 1 − p − r): the variance of the mean grows by (1 + λ) / (1 − λ).

@@ -87,7 +87,7 @@ pub fn measured_follows_the_link(f: &Fixture) {
     let status_loss = m.loss.expect("a measured loss");
     within("status's loss ratio", status_loss, proportion_band(p, m.samples as f64, 1.0), "9.75 %, ±4.5 σ binomial");
 
-    let r = f.ns.rtt_run(&f.client.name, &f.server.ip, RttRun::new(PROBES).interval_ms(5));
+    let r = f.rtt_counted(&f.server, RttRun::new(PROBES).interval_ms(5));
     println!("isthmus-probe under the link: {}", r.describe());
     let probe_added = r.ms("p50") - before.ms("p50");
     let answered = (r.count("sent") - r.count("lost")) as f64;
@@ -106,7 +106,7 @@ pub fn measured_follows_the_link(f: &Fixture) {
         (2.0 * LATENCY_MS - band, 2.0 * LATENCY_MS + band),
         "the configured 80 ms, same band",
     );
-    within("isthmus-probe's loss ratio", r.loss_ratio(), proportion_band(p, f64::from(PROBES), 1.0), "same");
+    within("isthmus-probe's loss ratio", r.path_loss_ratio(), proportion_band(p, r.path_sent() as f64, 1.0), "same");
 
     // A window counts only once complete, so only a removal that outlasts one can be seen, while the resync puts
     // the tree back at a moment of its own (up to RESYNC after the removal): the scenario keeps removing it

@@ -19,7 +19,7 @@ pub fn duplication(f: &Fixture) {
         "  to: {podSelector: {matchLabels: {app: server}}, services: Ignore}",
     );
     let link = f.link("dup", &spec);
-    let r = f.ns.rtt_run(&f.client.name, &f.server.ip, RttRun::new(PROBES).interval_ms(5));
+    let r = f.rtt_counted(&f.server, RttRun::new(PROBES).interval_ms(5));
     println!("10% duplicate: {}", r.describe());
     let received = r.count("received") as f64;
     within(
@@ -28,7 +28,7 @@ pub fn duplication(f: &Fixture) {
         proportion_band(0.10, received, 1.0),
         "10 %, ±4.5 σ binomial",
     );
-    assert_eq!(r.count("lost"), 0, "duplication lost probes: {}", r.describe());
+    assert_eq!(r.path_lost(), 0, "duplication lost probes: {}", r.describe());
     drop(link);
 }
 
@@ -36,24 +36,25 @@ pub fn duplication(f: &Fixture) {
 /// UDP checksum on, a corrupted datagram never reaches the destination pod in a cluster: the sending node's
 /// connection tracking finds the checksum wrong and kube-proxy's rules drop it as INVALID. So the probes go
 /// without a checksum: a flip in the probe's padding (976 of the 1,042 bytes) reaches the echo and comes back,
-/// where the prober finds the padding changed; one in the headers loses the probe.
+/// where the prober finds the padding changed; one in the headers loses the probe. A probe or echo dropped by a
+/// full socket buffer while its pod waited for a CPU (1,000-byte datagrams fill one sooner than the 64-byte ones
+/// of the other scenarios) is the machine's doing, counted by the pods' kernels, and left out.
 pub fn corruption(f: &Fixture) {
     let link = f.one_way("corrupt", "client", "server", "{corrupt: {percent: 10%}}");
-    let run = RttRun::new(PROBES).interval_ms(5).size(1000).no_udp_checksum();
-    let r = f.ns.rtt_run(&f.client.name, &f.server.ip, run);
+    let r = f.rtt_counted(&f.server, RttRun::new(PROBES).interval_ms(5).size(1000).no_udp_checksum());
     println!("10% corrupt: {}", r.describe());
-    let sent = r.count("sent") as f64;
+    let n = r.path_sent() as f64;
     within(
         "corrupted echoes per probe",
-        r.count("corrupted") as f64 / sent,
-        proportion_band(0.10 * 976.0 / 1042.0, sent, 1.0),
-        "10 % × 976/1042 (the padding's share of the frame), ±4.5 σ binomial",
+        r.count("corrupted") as f64 / n,
+        proportion_band(0.10 * 976.0 / 1042.0, n, 1.0),
+        "10 % × 976/1042 (the padding's share of the frame), ±4.5 σ binomial, over the probes no full buffer dropped",
     );
     within(
         "corrupted or lost per probe",
-        (r.count("corrupted") + r.count("lost")) as f64 / sent,
-        proportion_band(0.10, sent, 1.0),
-        "every flip corrupts the echo or loses the probe: 10 %, ±4.5 σ binomial",
+        (r.count("corrupted") + r.path_lost()) as f64 / n,
+        proportion_band(0.10, n, 1.0),
+        "every flip corrupts the echo or loses the probe: 10 %, ±4.5 σ binomial, same probes",
     );
     drop(link);
 }
