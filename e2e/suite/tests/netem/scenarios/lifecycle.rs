@@ -165,13 +165,19 @@ pub fn edit_and_delete(f: &Fixture) {
     let (before, after) = (40.0, 120.0);
     let base = Baseline::measure(&f.ns, &f.client.name, &f.server.ip);
     let link = f.one_way("edit", "client", "server", &format!("{{latency: {before}ms}}"));
-    let run = RttRun::new(500).interval_ms(INTERVAL_MS).samples();
+    let run = RttRun::new(750).interval_ms(INTERVAL_MS).samples();
+    let arrived = || udp_datagrams_in(f, &f.server.name);
+    let before_run = arrived();
     let (report_json, exec_end, ready_seen) = std::thread::scope(|s| {
         let prober = s.spawn(|| {
             let r = f.ns.rtt_run(&f.client.name, &f.server.ip, run);
             (r, Instant::now())
         });
-        std::thread::sleep(Duration::from_secs(3));
+        // `kubectl exec` can take seconds to start the prober on an emulated node: the edit waits until the
+        // server's kernel has seen probes arrive, so that it lands while probing, never before.
+        wait_for("the prober's first probes at the server", Duration::from_secs(60), || {
+            (arrived() > before_run + 10).then_some(())
+        });
         f.apply_link("edit", &one_way_spec("client", "server", &format!("{{latency: {after}ms}}")));
         f.ns.wait_link_applied("edit");
         let ready_seen = Instant::now();
@@ -222,4 +228,10 @@ pub fn edit_and_delete(f: &Fixture) {
     );
     report("after delete: RTT p10, ms", r.ms("p10"), base.shifted_band(0.0, 0), "back to the baseline's p10..p90");
     assert_nothing_of_isthmus(&f.client.node, &f.client.ip);
+}
+
+/// UDP datagrams the pod's kernel has received (`Udp: InDatagrams` of its network namespace).
+fn udp_datagrams_in(f: &Fixture, pod: &str) -> u64 {
+    let counters = f.ns.counters(pod);
+    counters["udp"]["InDatagrams"].as_u64().unwrap_or_else(|| panic!("no Udp InDatagrams in {counters}"))
 }

@@ -28,6 +28,8 @@ pub fn duplication(f: &Fixture) {
         proportion_band(0.10, received, 1.0),
         "10 %, ±4.5 σ binomial",
     );
+    // A datagram a full buffer dropped may have been a copy rather than a probe, so what is left out is at most
+    // what the machine lost: the probes the path lost are at least this, which must be none.
     assert_eq!(r.path_lost(), 0, "duplication lost probes: {}", r.describe());
     drop(link);
 }
