@@ -166,7 +166,7 @@ impl TestNamespace {
     /// rather than the link: the datagrams that either pod's kernel dropped meanwhile because the receiving
     /// socket's buffer was full (`Udp: RcvbufErrors` of each network namespace), as `receive_buffer_drops` in the
     /// report. An emulated node stalls for hundreds of ms on a busy machine, and a socket whose reader waits for a
-    /// CPU that long overflows; each such drop loses exactly one probe.
+    /// CPU that long overflows; each such drop loses one probe, unless the link duplicated it and a copy got through.
     pub fn rtt_run_counted(&self, pod: &str, target_pod: &str, target_ip: &str, run: RttRun) -> RttReport {
         let ends = [pod, target_pod];
         let before = ends.map(|p| self.counters(p));

@@ -3,13 +3,13 @@
 use isthmus_e2e::verdict::{at_least, at_most, report};
 use isthmus_e2e::*;
 
-use crate::bands::{Baseline, SIGMAS};
+use crate::bands::{Baseline, SIGMAS, delay_floor};
 use crate::fixture::{Fixture, assert_shaped, one_way_spec};
 
 const LATENCY_MS: f64 = 40.0;
 const JITTER_MS: f64 = 20.0;
 
-/// 40 ms one way in both directions: every round trip is at least 80 ms above the path's floor. With ±20 ms of
+/// 40 ms one way in both directions: every round trip takes at least 80 ms. With ±20 ms of
 /// jitter on each direction (uniform), the round trip's extra delay is 80 ms plus the sum of two uniforms:
 /// triangular on ±40 ms, whose p10 is 80 − 22.1 ms and whose p10–p90 spread is 2 · 40 · (1 − √0.2) = 44.2 ms.
 pub fn latency_and_jitter(f: &Fixture) {
@@ -25,7 +25,7 @@ pub fn latency_and_jitter(f: &Fixture) {
     assert_shaped(&f.server, &[("netem", "delay 40ms")]);
     let r = f.rtt_counted(&f.server, RttRun::new(400));
     println!("40ms each way: {}", r.describe());
-    at_least("RTT p10, ms", r.ms("p10"), base.floor_plus(2.0 * LATENCY_MS), "the path's floor + 80 ms");
+    at_least("RTT p10, ms", r.ms("p10"), delay_floor(2.0 * LATENCY_MS), "80 ms: netem releases nothing early");
     report(
         "RTT p10, ms",
         r.ms("p10"),
@@ -49,16 +49,17 @@ pub fn latency_and_jitter(f: &Fixture) {
     at_least(
         "RTT p10 with jitter, ms",
         r.ms("p10"),
-        base.floor_plus(p10_extra) - SIGMAS * se_quantile,
-        "the path's floor + 80 ms − 22.1 ms (the triangular's p10), less 4.5 standard errors",
+        delay_floor(p10_extra) - SIGMAS * se_quantile,
+        "80 ms − 22.1 ms (the triangular's p10), less 4.5 standard errors",
     );
-    // Without jitter no round trip comes in under the floor + 80 ms; with it, one in eight comes 20 ms under
-    // (P(T < −20 ms) = 20²/(2·40²)): about 125 of 1,000, every one of which load would have to slow by 20 ms.
+    // Without jitter no round trip comes in under 80 ms; with it, one in eight has 20 ms less added
+    // (P(T < −20 ms) = 20²/(2·40²)): about 125 of 1,000, every one of which load would have to slow by 20 ms less
+    // its path's own round trip.
     at_most(
         "fastest RTT with jitter, ms",
         r.ms("min"),
-        base.min + 2.0 * LATENCY_MS - JITTER_MS,
-        "jitter brings round trips under the un-jittered floor (80 ms): some 20 ms under",
+        delay_floor(2.0 * LATENCY_MS),
+        "jitter brings round trips under the 80 ms that bounds every un-jittered one",
     );
     let spread = 2.0 * half * (1.0 - 0.2f64.sqrt());
     let se = se_quantile * 2f64.sqrt();
@@ -83,7 +84,7 @@ pub fn asymmetric_profile_lte(f: &Fixture) {
     assert_shaped(&f.server, &[("tbf", "rate 50Mbit"), ("netem", "delay 50ms")]);
     let r = f.ns.rtt_run(&f.client.name, &f.server.ip, RttRun::new(300));
     println!("lte: {}", r.describe());
-    at_least("RTT p10, ms", r.ms("p10"), base.floor_plus(65.0 + 50.0), "the path's floor + 65 ms up + 50 ms down");
+    at_least("RTT p10, ms", r.ms("p10"), delay_floor(65.0 + 50.0), "65 ms up + 50 ms down");
     report("RTT p10, ms", r.ms("p10"), base.shifted_band(65.0 + 50.0, 2), "baseline + 65 ms up + 50 ms down");
     use crate::scenarios::throughput::assert_capped;
     assert_capped("uplink client -> server, lte 10Mbit", 10e6, f.ns.throughput_bps(&f.client.name, &f.server.ip, 6.0));
@@ -102,7 +103,7 @@ pub fn service_traffic(f: &Fixture) {
     let link = f.link("svc", &one_way_spec("client", "server", "{latency: 40ms}"));
     let r = f.ns.rtt_run(&f.client.name, &f.server_service_ip, RttRun::new(300));
     println!("to the ClusterIP {}: {}", f.server_service_ip, r.describe());
-    at_least("RTT p10 via the ClusterIP, ms", r.ms("p10"), base.floor_plus(LATENCY_MS), "the path's floor + 40 ms");
+    at_least("RTT p10 via the ClusterIP, ms", r.ms("p10"), delay_floor(LATENCY_MS), "40 ms");
     report(
         "RTT p10 via the ClusterIP, ms",
         r.ms("p10"),

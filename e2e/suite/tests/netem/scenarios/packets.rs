@@ -2,10 +2,10 @@
 //! sequence numbers, corruption by the destination pod's own checksum counters; and the kernel-dependent
 //! restriction on duplicating netems.
 
-use isthmus_e2e::verdict::{at_least, report, within};
+use isthmus_e2e::verdict::{at_least, at_most, report, within};
 use isthmus_e2e::*;
 
-use crate::bands::{Baseline, proportion_band};
+use crate::bands::{Baseline, delay_floor, proportion_band};
 use crate::fixture::{Fixture, one_way_spec, wait_condition};
 
 const PROBES: u32 = 2000;
@@ -62,8 +62,10 @@ pub fn corruption(f: &Fixture) {
 }
 
 /// 50 ms of latency, 25 % of packets sent at once instead: a quarter of the round trips miss the 50 ms, and those
-/// overtake earlier probes still in the delay line. A round trip under the path's floor + 50 ms cannot have been
-/// delayed, whatever the machine was doing.
+/// overtake earlier probes still in the delay line. A round trip under 50 ms cannot have been delayed, but load
+/// can slow an undelayed one past 50 ms (stop 37's CI counted 18.7 % on an emulated node whose unimpaired p90 was
+/// 32 ms): the share under 50 ms is a gate from above only, and a report around 25 %; the stock-kernel rig,
+/// which times each direction, gates it from both sides (`reorder`).
 pub fn reordering(f: &Fixture) {
     let base = Baseline::measure(&f.ns, &f.client.name, &f.server.ip);
     let link = f.one_way("reorder", "client", "server", "{latency: 50ms, reorder: {percent: 25%}}");
@@ -71,17 +73,13 @@ pub fn reordering(f: &Fixture) {
     println!("50ms, 25% reordered: {}", r.describe());
     let rtts: Vec<f64> = r.samples().iter().filter_map(|s| s.1).collect();
     let n = rtts.len() as f64;
-    let mut delayed: Vec<f64> = rtts.iter().copied().filter(|&rtt| rtt >= base.floor_plus(50.0)).collect();
+    let mut delayed: Vec<f64> = rtts.iter().copied().filter(|&rtt| rtt >= delay_floor(50.0)).collect();
     let undelayed = n - delayed.len() as f64;
-    within(
-        "share of round trips that skipped the delay",
-        undelayed / n,
-        proportion_band(0.25, n, 1.0),
-        "25 %, ±4.5 σ binomial",
-    );
+    let band = proportion_band(0.25, n, 1.0);
+    at_most("share of round trips under 50 ms", undelayed / n, band.1, "25 % + 4.5 σ binomial: no more skip it");
+    report("share of round trips under 50 ms", undelayed / n, band, "25 %, ±4.5 σ binomial, on a quiet machine");
     delayed.sort_by(f64::total_cmp);
     let median = delayed[delayed.len() / 2];
-    at_least("delayed round trips' median, ms", median, base.floor_plus(50.0), "the path's floor + 50 ms");
     report("delayed round trips' median, ms", median, base.shifted_band(50.0, 1), "baseline + 50 ms");
     // A probe every 5 ms and a 50 ms delay: every undelayed probe overtakes the (about seven) delayed ones ahead of
     // it in the delay line, unless the one before it was undelayed too.
@@ -135,8 +133,8 @@ pub fn duplicate_restriction_follows_the_kernel(f: &Fixture) {
         at_least(
             "RTT p10 to the plain destination, ms",
             near.ms("p10"),
-            base.floor_plus(10.0),
-            "the path's floor + 10 ms",
+            delay_floor(10.0),
+            "10 ms: netem releases nothing early",
         );
         report("RTT p10 to the plain destination, ms", near.ms("p10"), base.shifted_band(10.0, 1), "baseline + 10 ms");
     }

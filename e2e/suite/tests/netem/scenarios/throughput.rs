@@ -5,7 +5,7 @@ use std::time::Duration;
 use isthmus_e2e::verdict::{at_least, at_most, report};
 use isthmus_e2e::*;
 
-use crate::bands::{Baseline, TIMER_SLACK_MS};
+use crate::bands::{Baseline, TIMER_SLACK_MS, delay_floor};
 use crate::fixture::{Fixture, Pod, assert_shaped};
 
 /// A shaped rate's TCP goodput `got`: never more than 10 % above the payload ceiling (1448 B per 1514 B frame;
@@ -52,7 +52,6 @@ pub fn long_fat_network(f: &Fixture) {
 /// same load: a report here, a gate in the stock-kernel rig (`head_of_line`, through both datapaths, and the
 /// DRR regression), where nothing else shares the CPU.
 pub fn no_head_of_line_blocking(f: &Fixture) {
-    let quiet = Baseline::measure(&f.ns, &f.client.name, &f.near.ip);
     let loaded = |f: &Fixture| {
         std::thread::scope(|s| {
             let bulk = s.spawn(|| f.ns.throughput_bps(&f.client.name, &f.server.ip, 8.0));
@@ -74,13 +73,13 @@ pub fn no_head_of_line_blocking(f: &Fixture) {
     at_least(
         "1ms destination RTT p10 beside a busy 200ms one, ms",
         r.ms("p10"),
-        quiet.floor_plus(1.0),
-        "the path's floor + 1 ms",
+        delay_floor(1.0),
+        "1 ms: netem releases nothing early",
     );
     report(
         "1ms destination RTT p90 beside a busy 200ms one, ms",
         r.ms("p90"),
-        (quiet.floor_plus(1.0), loaded_base.p90 + 1.0 + TIMER_SLACK_MS),
+        (delay_floor(1.0), loaded_base.p90 + 1.0 + TIMER_SLACK_MS),
         "the p90 beside the same bulk before the near link + 1 ms + timer slack",
     );
     drop((far, near));
