@@ -16,7 +16,7 @@ use isthmus_agent::datapath::QueueBudget;
 use isthmus_agent::netns::Netns;
 use isthmus_agent::userspace::capture::{Capture, POD_END};
 use isthmus_agent::userspace::pipeline::PodPipeline;
-use isthmus_agent::userspace::{PodPath, Shell};
+use isthmus_agent::userspace::{PodPath, Shell, shard};
 use isthmus_agent_api::test_util::rate;
 use isthmus_agent_api::{Correlated, Impairment, ImpairmentFields, Loss, Percent};
 use support::goodput::assert_rate_within;
@@ -199,15 +199,73 @@ async fn an_ipv6_destination_is_delayed_too() {
     capture.detach().await.unwrap();
 }
 
+/// The capture socket of `shard` on `vb` in namespace `ns`.
+fn shard_socket(ns: &str, shard: u32) -> isthmus_agent::userspace::sys::RxSocket {
+    in_netns(ns, || {
+        let index = nix::net::if_::if_nametoindex("vb").unwrap();
+        isthmus_agent::userspace::sys::RxSocket::open(index, &shard::filter(shard)).unwrap()
+    })
+}
+
+/// Everything waiting on `rx` now: the IPv4 packets' destinations, and how many others.
+fn drain(rx: &isthmus_agent::userspace::sys::RxSocket) -> (Vec<std::net::Ipv4Addr>, usize) {
+    let (mut v4, mut others, mut buf) = (Vec::new(), 0, vec![0u8; 2048]);
+    while let Some(got) = rx.recv(&mut buf).unwrap() {
+        if buf[0] >> 4 == 4 && got.len >= 20 {
+            v4.push(std::net::Ipv4Addr::new(buf[16], buf[17], buf[18], buf[19]));
+        } else {
+            others += 1;
+        }
+    }
+    (v4, others)
+}
+
+#[test]
+fn a_destination_whose_capture_queue_overflows_holds_up_no_other() {
+    let pair = Pair::new("us-shards");
+    let sockets: Vec<_> = (0..shard::SHARDS).map(|s| shard_socket(&pair.b, s)).collect();
+    let (busy, quiet): (IpAddr, IpAddr) = ("10.77.0.2".parse().unwrap(), "10.77.0.3".parse().unwrap());
+    let (busy_shard, quiet_shard) = (shard::shard_of(busy) as usize, shard::shard_of(quiet) as usize);
+    assert_ne!(busy_shard, quiet_shard, "neighbours share a shard");
+    let socket = in_netns(&pair.a, || UdpSocket::bind(("0.0.0.0", 0))).unwrap();
+    // The neighbours first (datagrams waiting for one are dropped before the wire), then a clean slate.
+    for d in [busy, quiet] {
+        socket.send_to(&[0u8; 100], (d, 9)).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    for rx in &sockets {
+        drain(rx);
+        rx.take_dropped().unwrap();
+    }
+    // Nobody reads while the busy destination's queue overflows; then ten datagrams to the quiet one.
+    for _ in 0..3000 {
+        socket.send_to(&[0u8; 1400], (busy, 9)).unwrap();
+    }
+    for _ in 0..10 {
+        socket.send_to(&[0u8; 1400], (quiet, 9)).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let dropped: Vec<u64> = sockets.iter().map(|rx| rx.take_dropped().unwrap()).collect();
+    let read: Vec<(Vec<std::net::Ipv4Addr>, usize)> = sockets.iter().map(drain).collect();
+    println!(
+        "dropped per shard {dropped:?}; IPv4 read per shard {:?}",
+        read.iter().map(|r| r.0.len()).collect::<Vec<_>>()
+    );
+    assert!(dropped[busy_shard] > 0, "the busy destination's queue never filled");
+    assert_eq!(dropped[quiet_shard], 0, "the quiet destination lost datagrams to the busy one's backlog");
+    assert_eq!(read[quiet_shard].0, vec![quiet; 10], "the quiet destination's shard holds its ten datagrams, only");
+    for (shard, (v4, _)) in read.iter().enumerate() {
+        assert!(v4.iter().all(|d| shard::shard_of(IpAddr::V4(*d)) as usize == shard), "shard {shard} read {v4:?}");
+    }
+    let busy_read = read[busy_shard].0.len() as u64;
+    assert!(busy_read + dropped[busy_shard] >= 3000, "{busy_read} read + {} dropped of 3000", dropped[busy_shard]);
+}
+
 #[test]
 fn packets_the_kernel_drops_from_an_unread_capture_socket_are_counted_once() {
-    use isthmus_agent::userspace::sys::RxSocket;
     let pair = Pair::new("us-overrun");
     // A packet socket on `vb` that nobody reads: its receive buffer (the kernel's default, a few hundred KB) fills.
-    let rx = in_netns(&pair.b, || {
-        let index = nix::net::if_::if_nametoindex("vb").unwrap();
-        RxSocket::open(index).unwrap()
-    });
+    let rx = shard_socket(&pair.b, shard::shard_of("10.77.0.2".parse().unwrap()));
     let socket = in_netns(&pair.a, || UdpSocket::bind(("0.0.0.0", 0))).unwrap();
     // The neighbour first (datagrams waiting for it would be dropped before the wire), then a clean slate.
     socket.send_to(&[0u8; 100], ("10.77.0.2", 9)).unwrap();

@@ -3,13 +3,15 @@
 //! ```text
 //! pod netns:  app ─► route to an impaired destination ─► isth-u0 ══ veth ══╗
 //!                                                                           ║ agent's own netns (unpinned)
-//! agent:      RxSocket (AF_PACKET) ◄────────────────────────────── agent end ╝
+//! agent:      RxSocket × SHARDS (AF_PACKET, cBPF by destination) ◄─ agent end ╝
 //!               └─► PodPipeline: emulator per destination (delay line, loss, duplication, corruption,
 //!                   reordering, token bucket) ─► TxSocket (raw IP, bound to the pod's eth0) ─► wire
 //! ```
 //!
 //! - [`capture`]: the veth pair and the routes (netlink); fail-open when the agent dies.
 //! - [`pipeline`]: pure: which destination a packet is for, its emulator, when the next one leaves.
+//! - [`shard`]: pure: which of the pod's capture sockets a packet queues on, so that no destination's backlog
+//!   holds up another's while the loop falls behind.
 //! - [`sys`]: the sockets and `ppoll`, the only `unsafe` of this datapath.
 //! - [`Shell`] (here): one thread, one poll loop over every pod's socket and the earliest wake-up of all.
 //!
@@ -23,6 +25,7 @@
 pub mod capture;
 pub mod pipeline;
 mod pod;
+pub mod shard;
 pub mod sys;
 
 pub use pod::{EmulationError, PodEmulation, Userspace};
@@ -39,7 +42,8 @@ use sys::{RxSocket, TxSocket};
 
 /// A pod's part in the loop: where its packets arrive, where they leave, what happens in between.
 pub struct PodPath {
-    pub rx: RxSocket,
+    /// One socket per shard of destination addresses (`shard::SHARDS`), each its own kernel queue.
+    pub rx: Vec<RxSocket>,
     pub tx: TxSocket,
     pub pipeline: PodPipeline,
     /// The longest packet the capture passes (its MTU).
@@ -47,7 +51,7 @@ pub struct PodPath {
 }
 
 impl PodPath {
-    /// The path through `capture` for `pipeline`: its packet socket opened in the agent's namespace `agent_ns`,
+    /// The path through `capture` for `pipeline`: its packet sockets opened in the agent's namespace `agent_ns`,
     /// its raw sockets on `interface` in the pod's namespace `pod_ns`.
     pub async fn open(
         agent_ns: &crate::netns::Netns,
@@ -59,10 +63,12 @@ impl PodPath {
         let agent_end = capture.agent_end;
         let socket = |action| move |source| EmulationError::Socket { action, source };
         let rx = agent_ns
-            .run_inside(move || RxSocket::open(agent_end))
+            .run_inside(move || {
+                (0..shard::SHARDS).map(|s| RxSocket::open(agent_end, &shard::filter(s))).collect::<Result<Vec<_>, _>>()
+            })
             .await
             .map_err(socket("enter the agent's namespace"))?
-            .map_err(socket("open the capture's packet socket"))?;
+            .map_err(socket("open the capture's packet sockets"))?;
         let name = interface.to_owned();
         let tx = pod_ns
             .run_inside(move || TxSocket::open(&name))
@@ -70,6 +76,11 @@ impl PodPath {
             .map_err(socket("enter the pod's namespace"))?
             .map_err(socket("open the raw sockets on the pod's interface"))?;
         Ok(PodPath { rx, tx, pipeline, mtu: capture.mtu })
+    }
+
+    /// Packets the kernel dropped from the capture's sockets since the last call (their queues were full).
+    fn take_dropped(&self) -> u64 {
+        self.rx.iter().map(|rx| rx.take_dropped().unwrap_or(0)).sum()
     }
 }
 
@@ -221,7 +232,8 @@ impl Loop {
 
     fn run(mut self) {
         let mut fds: Vec<RawFd> = Vec::new();
-        let mut names: Vec<String> = Vec::new();
+        // Beside each descriptor after the wake-up pipe's: the pod and the shard it reads.
+        let mut owners: Vec<(String, usize)> = Vec::new();
         let mut readable = Vec::new();
         let mut due = Vec::new();
         let mut buf = vec![0u8; 65_536];
@@ -230,11 +242,13 @@ impl Loop {
             // The poll set changes only with the pods: rebuilt then, not at every packet.
             if changed || fds.is_empty() {
                 fds.clear();
-                names.clear();
+                owners.clear();
                 fds.push(self.wake.as_raw_fd());
                 for (name, pod) in &self.pods {
-                    fds.push(pod.path.rx.as_raw_fd());
-                    names.push(name.clone());
+                    for (shard, rx) in pod.path.rx.iter().enumerate() {
+                        fds.push(rx.as_raw_fd());
+                        owners.push((name.clone(), shard));
+                    }
                 }
             }
             let now = self.now();
@@ -248,11 +262,11 @@ impl Loop {
                 let mut drain = [0u8; 64];
                 while nix::unistd::read(&self.wake, &mut drain).is_ok_and(|n| n > 0) {}
             }
-            for (i, name) in names.iter().enumerate() {
+            for (i, (name, shard)) in owners.iter().enumerate() {
                 if readable.get(i + 1) == Some(&true)
                     && let Some(pod) = self.pods.get_mut(name)
                 {
-                    receive(&mut pod.path, &mut buf, self.epoch, &mut self.counters);
+                    receive(&mut pod.path, *shard, &mut buf, self.epoch, &mut self.counters);
                 }
             }
             let now = self.now();
@@ -270,7 +284,7 @@ impl Loop {
                 Ok(Command::Attach(name, path)) => {
                     let mut draining = Vec::new();
                     if let Some(old) = self.pods.remove(&name) {
-                        self.counters.capture_overruns += old.path.rx.take_dropped().unwrap_or(0);
+                        self.counters.capture_overruns += old.path.take_dropped();
                         draining = old.draining;
                         draining.push(old.path.pipeline);
                         draining.retain(|p| p.next_wakeup().is_some());
@@ -288,13 +302,13 @@ impl Loop {
                 }
                 Ok(Command::Detach(name)) => {
                     if let Some(old) = self.pods.remove(&name) {
-                        self.counters.capture_overruns += old.path.rx.take_dropped().unwrap_or(0);
+                        self.counters.capture_overruns += old.path.take_dropped();
                         changed = true;
                     }
                 }
                 Ok(Command::Counters(name, reply)) => {
                     if let Some(pod) = self.pods.get(&name) {
-                        self.counters.capture_overruns += pod.path.rx.take_dropped().unwrap_or(0);
+                        self.counters.capture_overruns += pod.path.take_dropped();
                     }
                     let answer = self.pods.get(&name).map(|p| (p.path.pipeline.counters().collect(), self.counters));
                     let _ = reply.send(answer);
@@ -306,13 +320,14 @@ impl Loop {
     }
 }
 
-/// Reads what is waiting on the pod's capture (a bounded batch, so one busy pod cannot starve the others or
-/// the delay line) into its pipeline; packets for no destination leave at once.
-fn receive(path: &mut PodPath, buf: &mut [u8], epoch: Instant, counters: &mut ShellCounters) {
+/// Reads what is waiting on one of the pod's capture sockets (a bounded batch, so that neither a busy pod nor a
+/// busy shard holds up the others or the delay line for long) into its pipeline; packets for no destination
+/// leave at once.
+fn receive(path: &mut PodPath, shard: usize, buf: &mut [u8], epoch: Instant, counters: &mut ShellCounters) {
     const BATCH: usize = 64;
     let len = (path.mtu as usize).clamp(68, buf.len());
     for _ in 0..BATCH {
-        let got = match path.rx.recv(&mut buf[..len]) {
+        let got = match path.rx[shard].recv(&mut buf[..len]) {
             Ok(Some(got)) => got,
             Ok(None) => return,
             Err(e) => {

@@ -16,6 +16,14 @@ use std::mem::{size_of, zeroed};
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
+use super::shard::Instruction;
+
+// `RxSocket::open` hands a slice of `Instruction`s to the kernel as `sock_filter`s.
+const _: () = assert!(
+    size_of::<Instruction>() == size_of::<libc::sock_filter>()
+        && std::mem::align_of::<Instruction>() == std::mem::align_of::<libc::sock_filter>()
+);
+
 /// `ETH_P_ALL` in network byte order, as `socket(AF_PACKET, …)` and `sockaddr_ll` want it.
 const ALL_PROTOCOLS: u16 = (libc::ETH_P_ALL as u16).to_be();
 const ETHERTYPE_IPV4: u16 = 0x0800;
@@ -52,22 +60,37 @@ pub enum Family {
 }
 
 /// Reads the network-layer packets that arrive on one interface (`AF_PACKET`, `SOCK_DGRAM`: the kernel strips
-/// the link-layer header), non-blocking. Frames the interface sends, and anything but IPv4 and IPv6, are
-/// skipped.
+/// the link-layer header) and that its classic BPF filter accepts, non-blocking. Frames the interface sends, and
+/// anything but IPv4 and IPv6, are skipped.
 #[derive(Debug)]
 pub struct RxSocket(OwnedFd);
 
 impl RxSocket {
-    /// On interface `ifindex` of the calling thread's namespace.
-    pub fn open(ifindex: u32) -> io::Result<Self> {
+    /// On interface `ifindex` of the calling thread's namespace, queueing only what `program` accepts (it sees
+    /// each packet from its network header on).
+    pub fn open(ifindex: u32, program: &[Instruction]) -> io::Result<Self> {
+        // Protocol 0: the socket receives nothing until bound, so no packet queues before the filter is on.
         // SAFETY: plain socket(2); the result is checked and owned at once.
         let fd = owned(unsafe {
-            libc::socket(
-                libc::AF_PACKET,
-                libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-                libc::c_int::from(ALL_PROTOCOLS),
-            )
+            libc::socket(libc::AF_PACKET, libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0)
         })?;
+        let fprog = libc::sock_fprog {
+            len: u16::try_from(program.len()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?,
+            // `Instruction` is `#[repr(C)]` with sock_filter's fields in its order and sizes.
+            filter: program.as_ptr().cast_mut().cast::<libc::sock_filter>(),
+        };
+        // SAFETY: `fprog` is a live local pointing at `program`, borrowed for the call with its length; the kernel
+        // copies the program and writes nothing back.
+        let rc = unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_ATTACH_FILTER,
+                (&fprog as *const libc::sock_fprog).cast(),
+                size_of::<libc::sock_fprog>() as libc::socklen_t,
+            )
+        };
+        check(rc)?;
         // SAFETY: sockaddr_ll is plain data; all-zero is a valid value.
         let mut addr: libc::sockaddr_ll = unsafe { zeroed() };
         addr.sll_family = libc::AF_PACKET as u16;
