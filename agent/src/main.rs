@@ -351,6 +351,7 @@ async fn serve(args: ServeArgs, common: CommonArgs) -> anyhow::Result<()> {
         None
     };
     let _resync = (args.resync_seconds > 0).then(|| node.spawn_resync(Duration::from_secs(args.resync_seconds)));
+    let _phases = node.spawn_phases();
 
     let tcp = tokio::net::TcpListener::bind(args.listen)
         .await

@@ -192,6 +192,7 @@ pub struct Metrics {
     registry: Registry,
     links: Arc<LinkCounters>,
     pub apply_duration_seconds: Histogram,
+    pub phase_switch_seconds: Histogram,
     pub applies: Family<OutcomeLabels, Counter>,
     pub pod_errors: Family<ErrorKindLabels, Counter>,
     pub mutations: Counter,
@@ -231,6 +232,12 @@ impl Metrics {
             "isthmus_agent_apply_duration_seconds",
             "Time from receiving a node plan to replying",
             apply_duration_seconds.clone(),
+        );
+        let phase_switch_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 14));
+        registry.register(
+            "isthmus_agent_phase_switch_seconds",
+            "Time from a scheduled phase change's instant until every pod of the node carries the new phase",
+            phase_switch_seconds.clone(),
         );
         let applies = Family::<OutcomeLabels, Counter>::default();
         registry.register(
@@ -330,6 +337,7 @@ impl Metrics {
             registry,
             links,
             apply_duration_seconds,
+            phase_switch_seconds,
             applies,
             pod_errors,
             mutations,

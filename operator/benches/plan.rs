@@ -91,6 +91,7 @@ fn link(ns: &str, name: &str, from: LabelSelector, to: LabelSelector) -> (Object
         profile: None,
         priority: 0,
         verify: None,
+        schedule: None,
     };
     let mut l = NetworkLink::new(name, spec);
     l.metadata.namespace = Some(ns.into());

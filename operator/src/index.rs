@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
@@ -171,6 +172,9 @@ pub struct LinkInfo {
     pub compiled: Result<(LinkSelectors, ResolvedImpairments), SpecError>,
     /// `spec.verify` (default true): whether the agents probe the link's pairs.
     pub verify: bool,
+    /// `spec.schedule` as a timeline per direction it changes; `None` without a schedule (or with an error,
+    /// which is in `compiled`).
+    pub timelines: Option<crate::schedule::Timelines>,
 }
 
 fn selector(field: &str, s: &LabelSelector) -> Result<Selector, SpecError> {
@@ -187,16 +191,26 @@ fn summarize(s: &LabelSelector) -> String {
 }
 
 impl LinkInfo {
+    /// The link as the plan needs it, with no trace ConfigMap known (a trace schedule is refused as missing one).
     pub fn from_link(link: &NetworkLink) -> (ObjectKey, LinkInfo) {
+        Self::from_link_reading(link, None)
+    }
+
+    /// The link as the plan needs it; `trace` is the data of the ConfigMap its `spec.schedule.trace` names, if
+    /// that exists (see [`Index::trace_of`]).
+    pub fn from_link_reading(link: &NetworkLink, trace: crate::schedule::TraceData<'_>) -> (ObjectKey, LinkInfo) {
         let key = ObjectKey::new(link.namespace().unwrap_or_default(), link.name_any());
         let rank = Rank {
             priority: link.spec.priority,
             created: link.metadata.creation_timestamp.clone(),
             name: key.name.clone(),
         };
+        let created_unix_ms =
+            link.metadata.creation_timestamp.as_ref().map_or(0, |t| u64::try_from(t.0.as_millisecond()).unwrap_or(0));
         let compiled = (|| {
             let spec = &link.spec;
             let impairments = spec.resolve()?;
+            let timelines = crate::schedule::compile(spec, &impairments, created_unix_ms, trace)?;
             let selectors = LinkSelectors {
                 from: selector("spec.from.podSelector", &spec.from.pod_selector)?,
                 to_pods: spec.to.pod_selector.as_ref().map(|s| selector("spec.to.podSelector", s)).transpose()?,
@@ -207,8 +221,12 @@ impl LinkInfo {
                 cidrs: spec.to.cidrs.iter().filter_map(|c| c.parse().ok()).collect(),
                 services: spec.to.services,
             };
-            Ok((selectors, impairments))
+            Ok((selectors, impairments, timelines))
         })();
+        let (compiled, timelines) = match compiled {
+            Ok((selectors, impairments, timelines)) => (Ok((selectors, impairments)), timelines),
+            Err(e) => (Err(e), None),
+        };
         let to = &link.spec.to;
         let mut to_summary = to.pod_selector.as_ref().map(summarize).unwrap_or_default();
         if let Some(ns) = &to.namespace_selector {
@@ -226,6 +244,7 @@ impl LinkInfo {
             generation: link.metadata.generation,
             compiled,
             verify: link.spec.verify.unwrap_or(true),
+            timelines,
         };
         (key, info)
     }
@@ -241,9 +260,18 @@ pub struct Index {
     /// The pods that declare the readiness gate, with the condition each carries. Apart from `pods`, so that
     /// the condition isthmus itself writes never marks a link stale.
     pub gates: BTreeMap<ObjectKey, PodGate>,
+    /// ConfigMaps labelled [`crate::schedule::TRACE_LABEL`]: their data by key.
+    pub traces: BTreeMap<ObjectKey, Arc<BTreeMap<String, String>>>,
 }
 
 impl Index {
+    /// The data of the trace ConfigMap that `link` names, if it names one and that exists.
+    pub fn trace_of(&self, link: &NetworkLink) -> crate::schedule::TraceData<'_> {
+        let trace = link.spec.schedule.as_ref()?.trace.as_ref()?;
+        let key = ObjectKey::new(link.namespace().unwrap_or_default(), &trace.config_map);
+        self.traces.get(&key).map(|d| &**d)
+    }
+
     /// The pods of one namespace, in name order.
     pub fn pods_in<'a>(&'a self, namespace: &'a str) -> impl Iterator<Item = (&'a ObjectKey, &'a PodInfo)> + 'a {
         self.pods.range(ObjectKey::new(namespace, "")..).take_while(move |(k, _)| k.namespace == namespace)

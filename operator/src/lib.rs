@@ -22,6 +22,7 @@ pub mod measure;
 pub mod metrics;
 pub mod pki;
 pub mod plan;
+pub mod schedule;
 pub mod telemetry;
 pub mod topology;
 pub mod uninstall;

@@ -7,7 +7,7 @@ use isthmus_agent_api::measure::{ProbeKind, ProbeWindow, RttHistogram, Unmeasura
 use isthmus_agent_api::{Correlated, Direction, Impairment, ImpairmentFields, Loss, Percent};
 use isthmus_operator::api::measured::{ConformanceReason, DirectionMeasured};
 use isthmus_operator::measure::expect::wilson_99;
-use isthmus_operator::measure::{Judged, Merged, RoundTrip, judge, overall, summary};
+use isthmus_operator::measure::{Judged, Merged, RoundTrip, judge, overall, summary, unjudged_scheduled};
 use proptest::prelude::*;
 
 fn ms(v: f64) -> Duration {
@@ -141,6 +141,20 @@ fn what_cannot_be_measured_is_never_conformant() {
         assert_eq!(v.conformant(), None);
         assert!(v.message.contains(text), "case {i}: {}", v.message);
     }
+}
+
+#[test]
+fn a_scheduled_link_keeps_its_numbers_but_is_not_judged_against_its_own_impairment() {
+    let out = impairment(40.0, 0.0, 0.0);
+    // Half the window at 40 ms, half in a 100 % loss phase: against the link's own impairment, Lossier.
+    let v = judge(input(&out, None), Some(&merged(window(ms(40.0 + BASE), ms(0.1), 300, 150), ms(BASE))));
+    assert_eq!(v.reason, ConformanceReason::Lossier);
+    let s = unjudged_scheduled(v.clone());
+    assert_eq!((s.reason, s.conformant()), (ConformanceReason::Scheduled, None));
+    assert!(s.message.contains("spec.schedule"), "{}", s.message);
+    assert_eq!(s.measured, v.measured, "what was measured stays");
+    let nothing = judge(Judged { applied: false, ..input(&out, None) }, None);
+    assert_eq!(unjudged_scheduled(nothing).reason, ConformanceReason::Unmeasurable, "nothing measured says so");
 }
 
 #[test]

@@ -11,6 +11,7 @@ pub mod identity;
 pub mod impairment;
 pub mod measure;
 pub mod plan;
+pub mod schedule;
 #[cfg(feature = "test-util")]
 pub mod test_util;
 #[cfg(feature = "tls")]

@@ -11,6 +11,7 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 use crate::Impairment;
+use crate::schedule::Timeline;
 
 /// `PUT` a [`NodePlan`], answered with an [`ApplyReply`].
 pub const PLAN_PATH: &str = "/v1/plan";
@@ -98,6 +99,20 @@ pub struct NodePlan {
     /// does not answer, and isthmus sends nothing to networks outside the cluster).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unprobed: Vec<IpNet>,
+    /// Link directions whose impairment changes with time: every destination the plan gives such a link gets,
+    /// at each instant, what its timeline says on the agent's own clock (its `impairment` above is the link's
+    /// own, in force before the first phase and after a reverting timeline's last). Sorted by link, one each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub timelines: Vec<LinkTimeline>,
+}
+
+/// One link direction's [`Timeline`], sent once with the plan rather than a plan per step: the agents switch
+/// phases themselves (docs/networklink.md#schedule).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LinkTimeline {
+    pub link: LinkRef,
+    pub timeline: Timeline,
 }
 
 /// A NetworkLink by namespace and name (both directions).

@@ -36,9 +36,11 @@ mod adopt;
 mod apply;
 mod cleanup;
 mod observe;
+mod phases;
 mod plan;
 mod resync;
 mod state;
+mod timing;
 mod trees;
 
 use std::future::Future;
@@ -99,6 +101,15 @@ pub struct Node {
     snapshot: RwLock<Arc<Snapshot>>,
     metrics: Arc<Metrics>,
     measurements: Measurements,
+    /// Told when a plan brings other timelines, so that the phase timer waits for the right instant.
+    phases_changed: Arc<tokio::sync::Notify>,
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        // Ends the phase timer's wait: it finds the node gone and stops.
+        self.phases_changed.notify_one();
+    }
 }
 
 impl Node {
@@ -134,6 +145,7 @@ impl Node {
             snapshot: RwLock::new(Arc::new(snapshot)),
             metrics,
             measurements: Measurements::new(&config_name, verify),
+            phases_changed: Arc::new(tokio::sync::Notify::new()),
         }))
     }
 

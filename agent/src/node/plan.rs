@@ -7,10 +7,11 @@ use std::hash::Hash;
 use std::sync::Arc;
 
 use ipnet::IpNet;
-use isthmus_agent_api::{Impairment, ImpairmentFields, LinkId, LinkRef, NodePlan, PodPlan};
+use isthmus_agent_api::{Impairment, ImpairmentFields, LinkId, LinkRef, LinkTimeline, NodePlan, PodPlan};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use super::timing::Timelines;
 use crate::measure::ProbeFilter;
 
 /// A plan whose pods are parsed one by one, so that one malformed pod does not reject the whole plan.
@@ -21,6 +22,8 @@ pub struct RawNodePlan {
     pub pods: Vec<PlanPod>,
     /// What the prober must leave alone (`unverified` links, `unprobed` destinations).
     pub probe_filter: ProbeFilter,
+    /// The links whose impairment changes with time.
+    pub timelines: Timelines,
 }
 
 /// One entry of a plan's `pods`.
@@ -48,6 +51,8 @@ struct Envelope<'a> {
     unverified: Vec<LinkId>,
     #[serde(default)]
     unprobed: Vec<IpNet>,
+    #[serde(default)]
+    timelines: Vec<LinkTimeline>,
 }
 
 impl RawNodePlan {
@@ -57,7 +62,8 @@ impl RawNodePlan {
         let mut interner = Interner::default();
         let pods = envelope.pods.into_iter().map(|pod| PlanPod::parse(pod, &mut interner)).collect();
         let probe_filter = ProbeFilter { unverified: envelope.unverified, unprobed: envelope.unprobed };
-        Ok(Self { node: envelope.node, version: envelope.version, pods, probe_filter })
+        let timelines = Timelines::new(envelope.timelines);
+        Ok(Self { node: envelope.node, version: envelope.version, pods, probe_filter, timelines })
     }
 }
 
@@ -69,6 +75,7 @@ impl From<&NodePlan> for RawNodePlan {
             version: plan.version,
             pods: plan.pods.iter().cloned().map(|pod| PlanPod::valid(pod, &mut interner)).collect(),
             probe_filter: ProbeFilter { unverified: plan.unverified.clone(), unprobed: plan.unprobed.clone() },
+            timelines: Timelines::new(plan.timelines.clone()),
         }
     }
 }

@@ -7,6 +7,7 @@ use std::time::Instant;
 use futures::StreamExt;
 
 use super::state::InstalledPod;
+use super::timing::unix_ms_now;
 use super::trees::ReconcilePath;
 use super::{Node, release_freed_memory};
 use crate::datapath::DatapathError;
@@ -16,9 +17,10 @@ impl Node {
         let applied = self.applied.lock().await;
         let started = Instant::now();
         let pods: Vec<Arc<InstalledPod>> = applied.pods.values().cloned().collect();
+        let (timelines, now_ms) = (&applied.timelines, unix_ms_now());
         let outcomes: Vec<(Arc<InstalledPod>, Result<usize, DatapathError>)> = futures::stream::iter(pods)
             .map(|pod| async move {
-                let outcome = match pod.desired(self.config.queue_budget) {
+                let outcome = match pod.desired(self.config.queue_budget, timelines, now_ms) {
                     Ok(desired) => {
                         self.trees.reconcile(&pod.datapath, &pod.interface, &desired, ReconcilePath::Full).await
                     }

@@ -8,6 +8,7 @@ use ipnet::IpNet;
 use isthmus_agent_api::{LeftoverTree, LinkRef, PodResult};
 
 use super::plan::Destination;
+use super::timing::Timelines;
 use super::trees::{PodDatapath, Removal};
 use crate::datapath::{DatapathError, DesiredState, QueueBudget};
 use crate::measure::{ProbeFilter, ProbeView};
@@ -43,8 +44,19 @@ impl InstalledPod {
         self.destinations.binary_search_by(|(d, _, _)| d.cmp(destination)).ok().map(|i| &self.destinations[i].2)
     }
 
-    pub fn desired(&self, budget: QueueBudget) -> Result<DesiredState, DatapathError> {
-        desired_state(&self.destinations, budget)
+    /// What the tree should hold at `now_ms`: the plan's destinations with the impairments in force then.
+    pub fn desired(
+        &self,
+        budget: QueueBudget,
+        timelines: &Timelines,
+        now_ms: u64,
+    ) -> Result<DesiredState, DatapathError> {
+        desired_state(&timelines.in_force(&self.destinations, now_ms), budget)
+    }
+
+    /// Whether a link of one of its destinations changes with time.
+    pub fn scheduled(&self, timelines: &Timelines) -> bool {
+        self.destinations.iter().any(|(_, _, link)| timelines.has(link))
     }
 }
 
@@ -70,6 +82,8 @@ pub(super) struct Applied {
     pub last_results: Vec<PodResult>,
     /// What the prober must leave alone, from the plan in force.
     pub probe_filter: ProbeFilter,
+    /// The plan in force's timelines: the phase timer and the resync install what they say.
+    pub timelines: Timelines,
 }
 
 /// A tree the agent could not remove, and why.

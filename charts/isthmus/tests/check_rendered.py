@@ -38,6 +38,7 @@ def main():
         ("", "services"): ["get", "list", "watch"],
         ("", "pods/status"): ["patch"],
         ("", "nodes"): ["get", "list", "watch"],
+        ("", "configmaps"): ["list", "watch"],
         ("events.k8s.io", "events"): ["create", "patch"],
         ("certificates.k8s.io", "certificatesigningrequests"): ["get", "list", "watch"],
         ("certificates.k8s.io", "certificatesigningrequests/approval"): ["update"],

@@ -130,6 +130,10 @@ enum Command {
         /// report. Raise it for slow links with large socket buffers.
         #[arg(long, default_value_t = 30000)]
         drain_timeout_ms: u64,
+        /// Every this many ms, record each stream's bytes acknowledged by the sink (TCP_INFO) with the Unix
+        /// time in ms: `acked_series` [[ms, bytes], ...] in each `per_stream` entry, 1 to 60000.
+        #[arg(long)]
+        series_ms: Option<u64>,
     },
 }
 
@@ -191,7 +195,7 @@ fn execute(command: Command) -> Result<()> {
             }
             Ok(())
         }
-        Command::Throughput { target, seconds, streams, connect_timeout_ms, drain_timeout_ms } => {
+        Command::Throughput { target, seconds, streams, connect_timeout_ms, drain_timeout_ms, series_ms } => {
             if !seconds.is_finite() || seconds <= 0.0 || seconds > 3600.0 {
                 return Err(ProbeError::new(format!("--seconds {seconds}: must be above 0 and at most 3600")));
             }
@@ -201,6 +205,7 @@ fn execute(command: Command) -> Result<()> {
                 streams,
                 connect_timeout: Duration::from_millis(connect_timeout_ms.max(1)),
                 drain_timeout: Duration::from_millis(drain_timeout_ms.max(1)),
+                series: series_ms.map(Duration::from_millis),
             })?;
             println!("{report}");
             Ok(())

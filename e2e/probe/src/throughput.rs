@@ -7,6 +7,7 @@
 
 use std::io::{self, BufRead, BufReader, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -21,9 +22,14 @@ pub struct ThroughputOptions {
     pub connect_timeout: Duration,
     /// How long to wait, after sending stopped, for the sink to drain and report.
     pub drain_timeout: Duration,
+    /// Every this long, each stream's bytes acknowledged by the sink (`TCP_INFO`) with the Unix time in ms: the
+    /// goodput over time on the sender's clock, to set beside a schedule evaluated on the same clock.
+    pub series: Option<Duration>,
 }
 
 struct StreamResult {
+    /// (Unix ms, bytes acknowledged), when a series was asked for.
+    acked_series: Vec<(u64, u64)>,
     bytes_sent: u64,
     sender_seconds: f64,
     bytes_received: u64,
@@ -33,6 +39,9 @@ struct StreamResult {
 pub fn validate(options: &ThroughputOptions) -> Result<()> {
     if options.duration.is_zero() || options.duration > Duration::from_secs(3600) {
         return Err(ProbeError::new("--seconds: must be between 0.001 and 3600"));
+    }
+    if options.series.is_some_and(|s| s < Duration::from_millis(1) || s > Duration::from_secs(60)) {
+        return Err(ProbeError::new("--series-ms: must be between 1 and 60000"));
     }
     if options.streams == 0 || options.streams > 64 {
         return Err(ProbeError::new(format!("--streams {}: must be between 1 and 64", options.streams)));
@@ -59,13 +68,17 @@ pub fn run(options: &ThroughputOptions) -> Result<Value> {
     let per_stream: Vec<Value> = results
         .iter()
         .map(|r| {
-            json!({
+            let mut stream = json!({
                 "bytes": r.bytes_received,
                 "bytes_sent": r.bytes_sent,
                 "receiver_seconds": r.receiver_seconds,
                 "sender_seconds": r.sender_seconds,
                 "bits_per_second": rate(r.bytes_received, r.receiver_seconds),
-            })
+            });
+            if options.series.is_some() {
+                stream["acked_series"] = json!(r.acked_series.iter().map(|&(t, b)| [t, b]).collect::<Vec<_>>());
+            }
+            stream
         })
         .collect();
     Ok(json!({
@@ -89,8 +102,36 @@ fn rate(bytes: u64, seconds: f64) -> f64 {
 
 fn one_stream(options: &ThroughputOptions) -> Result<StreamResult> {
     let target = options.target;
-    let mut stream = TcpStream::connect_timeout(&target, options.connect_timeout)
+    let stream = TcpStream::connect_timeout(&target, options.connect_timeout)
         .context(|| format!("connecting to the TCP bulk sink at {target}"))?;
+    let Some(every) = options.series else { return send_and_report(options, stream) };
+    let sampled = stream.try_clone().context(|| "a second handle on the stream for TCP_INFO".into())?;
+    let stop = AtomicBool::new(false);
+    thread::scope(|scope| {
+        // Bounded: the sender sets `stop` when it returns, which is within the duration and the drain timeout.
+        let sampler = scope.spawn(|| {
+            let mut series = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                if let Ok(acked) = crate::sockopt::tcp_bytes_acked(&sampled) {
+                    series.push((unix_ms(), acked));
+                }
+                thread::sleep(every);
+            }
+            series
+        });
+        let result = send_and_report(options, stream);
+        stop.store(true, Ordering::Relaxed);
+        let series = sampler.join().unwrap_or_default();
+        result.map(|r| StreamResult { acked_series: series, ..r })
+    })
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+fn send_and_report(options: &ThroughputOptions, mut stream: TcpStream) -> Result<StreamResult> {
+    let target = options.target;
     let chunk = vec![0x5au8; 128 * 1024];
     let start = Instant::now();
     let deadline = start + options.duration;
@@ -137,7 +178,7 @@ fn one_stream(options: &ThroughputOptions) -> Result<StreamResult> {
     }
     let (bytes_received, receiver_seconds) = parse_report(&line)
         .ok_or_else(|| ProbeError::new(format!("the sink at {target} sent a malformed report: {line:?}")))?;
-    Ok(StreamResult { bytes_sent, sender_seconds, bytes_received, receiver_seconds })
+    Ok(StreamResult { acked_series: Vec::new(), bytes_sent, sender_seconds, bytes_received, receiver_seconds })
 }
 
 fn parse_report(line: &str) -> Option<(u64, f64)> {
@@ -170,6 +211,7 @@ mod tests {
             streams: 1,
             connect_timeout: Duration::from_secs(5),
             drain_timeout: Duration::from_secs(30),
+            series: None,
         }
     }
 
@@ -181,6 +223,7 @@ mod tests {
             (ThroughputOptions { streams: 65, ..options() }, "--streams"),
             (ThroughputOptions { duration: Duration::ZERO, ..options() }, "--seconds"),
             (ThroughputOptions { duration: Duration::from_secs(3601), ..options() }, "--seconds"),
+            (ThroughputOptions { series: Some(Duration::ZERO), ..options() }, "--series-ms"),
         ] {
             let err = validate(&bad).unwrap_err().to_string();
             assert!(err.contains(flag), "{err} should name {flag}");

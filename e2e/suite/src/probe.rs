@@ -136,6 +136,18 @@ impl TestNamespace {
         parse(&out)["bits_per_second"].as_f64().unwrap_or_else(|| panic!("no bits_per_second in {out}"))
     }
 
+    /// [`throughput_bps`](Self::throughput_bps) with the bytes the sink acknowledged every `every_ms` on the
+    /// sender's clock: (Unix ms, bytes acknowledged) in time order.
+    pub fn acked_series(&self, pod: &str, target_ip: &str, seconds: f64, every_ms: u64) -> Vec<(f64, f64)> {
+        let target = format!("{target_ip}:7001");
+        let (secs, every) = (seconds.to_string(), every_ms.to_string());
+        let args = ["exec", pod, "--", "isthmus-probe", "throughput", "--target", &target, "--seconds", &secs];
+        let out = self.kubectl(&[&args[..], &["--series-ms", &every]].concat());
+        let series = parse(&out)["per_stream"][0]["acked_series"].clone();
+        let points = series.as_array().unwrap_or_else(|| panic!("no acked_series in {out}"));
+        points.iter().map(|p| (p[0].as_f64().expect("ms"), p[1].as_f64().expect("bytes"))).collect()
+    }
+
     /// UDP echo round trips from `pod` to the echo at `target_ip`:7000, `count` probes 10 ms apart.
     pub fn rtt(&self, pod: &str, target_ip: &str, count: u32) -> Value {
         self.rtt_run(pod, target_ip, RttRun::new(count)).0

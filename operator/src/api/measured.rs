@@ -95,6 +95,9 @@ pub enum ConformanceReason {
     LessLossy,
     /// Nothing could be measured: no pair is applied, or no probe was answered.
     Unmeasurable,
+    /// Measured but not judged: the link changes with time (`spec.schedule`), so a window spans phases and no one
+    /// impairment predicts it.
+    Scheduled,
 }
 
 impl ConformanceReason {
@@ -106,6 +109,7 @@ impl ConformanceReason {
             Self::Lossier => "Lossier",
             Self::LessLossy => "LessLossy",
             Self::Unmeasurable => "Unmeasurable",
+            Self::Scheduled => "Scheduled",
         }
     }
 }

@@ -4,12 +4,14 @@ pub mod measured;
 pub mod profile;
 pub mod quantity;
 pub mod resolve;
+pub mod schedule;
 pub mod spec;
 pub mod status;
 pub mod stored;
 
 pub use profile::Profile;
-pub use resolve::{ResolvedImpairments, SpecError, Summary, format_duration};
+pub use resolve::{ResolvedImpairments, SpecError, Summary, format_duration, format_rate, overlay};
+pub use schedule::*;
 pub use spec::*;
 pub use status::*;
 pub use stored::{StoredLink, Undecodable};

@@ -121,7 +121,12 @@ fn direction(
     preset: Option<PresetDirection>,
     prefix: &str,
 ) -> Result<Impairment, SpecError> {
-    let mut out: ImpairmentFields = preset.map(PresetDirection::impairment).unwrap_or_default();
+    overlay(preset.map(PresetDirection::impairment).unwrap_or_default(), spec, prefix)
+}
+
+/// `base` overridden field by field by `spec` (what it sets), then validated; errors name `prefix.<field>`.
+pub fn overlay(base: ImpairmentFields, spec: Option<&ImpairmentSpec>, prefix: &str) -> Result<Impairment, SpecError> {
+    let mut out = base;
     let Some(spec) = spec else {
         return Impairment::try_from(out).map_err(|e| impairment_error(prefix, e));
     };

@@ -197,6 +197,7 @@ mod properties {
                 profile,
                 priority: 0,
                 verify: None,
+                schedule: None,
             };
             if let Ok(r) = spec.resolve() {
                 let valid = |i: &Impairment| Impairment::try_from(ImpairmentFields::from(i.clone())).is_ok();

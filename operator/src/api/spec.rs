@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::profile::Profile;
 use super::quantity::{BurstValue, CidrValue, DurationValue, PercentValue, RateValue};
+use super::schedule::ScheduleSpec;
 use super::status::NetworkLinkStatus;
 
 /// The reverse direction is in force (CEL): explicit `reverse`, `symmetric`, or a profile's downlink.
@@ -122,6 +123,10 @@ pub struct NetworkLinkSpec {
     /// the `Conformant` condition (default `true`). Probing can also be switched off for the whole install.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verify: Option<bool>,
+    /// How the impairment changes with time: phases, a flap, a ramp or a replayed trace
+    /// (docs/networklink.md#schedule).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<ScheduleSpec>,
 }
 
 /// The sending pods.

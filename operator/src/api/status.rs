@@ -1,6 +1,6 @@
 //! What a `NetworkLink`'s status says: the operator's observations and actions, as the API server stores them.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -84,6 +84,44 @@ pub struct NetworkLinkStatus {
     /// The measured round trip and loss, forward then reverse, for `kubectl get`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub measured_summary: Option<String>,
+    /// Where `spec.schedule` stands (docs/networklink.md#schedule); absent without a schedule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<ScheduleStatus>,
+}
+
+/// Where a link's schedule stands, as the operator's clock reads it when it writes the status. The agents switch
+/// phases on their own clocks; the operator refreshes this at most every few seconds, so a schedule with shorter
+/// phases shows one phase in force at the time of the write.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ScheduleStatus {
+    pub state: ScheduleState,
+    /// The phase in force while `Running` or `Holding`: the name given in `spec.schedule.phases`, `up` or `down`
+    /// for a flap, `step N` for a ramp, `window N` for a trace, else `phase N`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// How many times the schedule has started over (0 in the first pass).
+    #[serde(default)]
+    pub cycle: u64,
+    /// When the state or phase in force began, to the second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<Time>,
+    /// When the next change is due, to the second; absent when none will come.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_change: Option<Time>,
+}
+
+/// The stage a schedule is in.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum ScheduleState {
+    /// Before the start: the link's own impairment is in force.
+    Waiting,
+    /// A phase is in force and another follows.
+    Running,
+    /// The last phase is in force for good (`end: Hold`).
+    Holding,
+    /// The schedule ended and reverted to the link's own impairment (`end: Revert`).
+    Over,
 }
 
 fn is_zero(v: &u32) -> bool {

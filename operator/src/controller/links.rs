@@ -66,6 +66,6 @@ impl Controller {
         self.links.remove(key);
         self.unreadable.remove(key);
         self.cleanups.remove(key);
-        self.status.queued.remove(key);
+        self.status.forget(key);
     }
 }

@@ -18,7 +18,7 @@ use super::status::{Progress, measured_part, place_measured};
 use super::version::unix_millis;
 use crate::api::NetworkLinkStatus;
 use crate::index::ObjectKey;
-use crate::measure::{Judged, Merged, RoundTrip, judge, merge};
+use crate::measure::{Judged, Merged, RoundTrip, judge, merge, unjudged_scheduled};
 use crate::metrics::LinkLabels;
 
 /// Whether and how often the agents are asked.
@@ -167,10 +167,12 @@ impl Controller {
             ipv6: false,
             applied,
         };
-        let forward = judge(forward_input, merged(Direction::Forward));
+        let scheduled = info.is_some_and(|i| i.timelines.is_some());
+        let judged = |verdict| if scheduled { unjudged_scheduled(verdict) } else { verdict };
+        let forward = judged(judge(forward_input, merged(Direction::Forward)));
         let reverse = impairments.reverse.as_ref().map(|r| {
             let input = Judged { path: RoundTrip { out: r, back: Some(&impairments.forward) }, ipv6: false, applied };
-            judge(input, merged(Direction::Reverse))
+            judged(judge(input, merged(Direction::Reverse)))
         });
         let window = [Direction::Forward, Direction::Reverse]
             .into_iter()

@@ -143,7 +143,10 @@ pub async fn run_with_updates(
                 let leading = *leader.borrow_and_update();
                 c.on_leadership(leading);
             }
-            _ = tick.tick() => c.housekeeping(),
+            _ = tick.tick() => {
+                c.refresh_schedules();
+                c.housekeeping();
+            }
         }
     }
     writer.abort();

@@ -6,7 +6,7 @@
 use std::fmt;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Service};
 use kube::api::{Api, PartialObjectMeta};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event, watcher};
@@ -29,12 +29,21 @@ pub enum WatchKind {
     Service,
     Agent,
     Node,
+    /// ConfigMaps labelled `isthmus.dev/trace` (replayed traces).
+    TraceMap,
 }
 
 impl WatchKind {
     /// Every kind: the watches started, and the ones readiness waits for.
-    pub const ALL: [WatchKind; 6] =
-        [WatchKind::Link, WatchKind::Pod, WatchKind::Namespace, WatchKind::Service, WatchKind::Agent, WatchKind::Node];
+    pub const ALL: [WatchKind; 7] = [
+        WatchKind::Link,
+        WatchKind::Pod,
+        WatchKind::Namespace,
+        WatchKind::Service,
+        WatchKind::Agent,
+        WatchKind::Node,
+        WatchKind::TraceMap,
+    ];
 
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -44,6 +53,7 @@ impl WatchKind {
             WatchKind::Service => "services",
             WatchKind::Agent => "agents",
             WatchKind::Node => "nodes",
+            WatchKind::TraceMap => "trace configmaps",
         }
     }
 }
@@ -64,6 +74,7 @@ pub enum Update {
     Service(Event<Service>),
     Agent(Event<Pod>),
     Node(Event<PartialObjectMeta<Node>>),
+    TraceMap(Event<ConfigMap>),
 }
 
 impl Update {
@@ -75,6 +86,7 @@ impl Update {
             Update::Service(_) => WatchKind::Service,
             Update::Agent(_) => WatchKind::Agent,
             Update::Node(_) => WatchKind::Node,
+            Update::TraceMap(_) => WatchKind::TraceMap,
         }
     }
 }

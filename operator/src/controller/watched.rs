@@ -2,7 +2,7 @@
 //! and what an apply or a delete does to the controller. Adding a resource means a [`WatchKind`], an [`Update`]
 //! variant and a description here; the matches below do not compile until all three exist.
 
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Service};
 use kube::api::{Api, PartialObjectMeta};
 use kube::runtime::watcher::{self, Event};
 use kube::{Client, ResourceExt};
@@ -20,6 +20,7 @@ struct Namespaces;
 struct Services;
 struct Agents;
 struct Nodes;
+struct TraceMaps;
 
 /// Starts every watch; they run until the returned set is dropped or the receiver closes.
 pub(super) fn start(client: &Client, agents: &AgentSelector, tx: mpsc::Sender<Update>) -> JoinSet<()> {
@@ -33,6 +34,7 @@ pub(super) fn start(client: &Client, agents: &AgentSelector, tx: mpsc::Sender<Up
             WatchKind::Service => spawn::<Services>(&mut set, client, agents, tx),
             WatchKind::Agent => spawn::<Agents>(&mut set, client, agents, tx),
             WatchKind::Node => spawn::<Nodes>(&mut set, client, agents, tx),
+            WatchKind::TraceMap => spawn::<TraceMaps>(&mut set, client, agents, tx),
         }
     }
     set
@@ -47,6 +49,7 @@ impl Controller {
             Update::Service(e) => self.on_event::<Services>(e),
             Update::Agent(e) => self.on_event::<Agents>(e),
             Update::Node(e) => self.on_event::<Nodes>(e),
+            Update::TraceMap(e) => self.on_event::<TraceMaps>(e),
         }
     }
 }
@@ -168,5 +171,26 @@ impl Watched for Nodes {
     }
     fn known(c: &Controller) -> Vec<ObjectKey> {
         c.nodes.iter().map(|n| ObjectKey::new("", n)).collect()
+    }
+}
+
+impl Watched for TraceMaps {
+    const KIND: WatchKind = WatchKind::TraceMap;
+    type Object = ConfigMap;
+
+    fn api(client: &Client, _agents: &AgentSelector) -> (Api<ConfigMap>, watcher::Config) {
+        (Api::all(client.clone()), watcher::Config::default().labels(crate::schedule::TRACE_LABEL))
+    }
+    fn update(event: Event<ConfigMap>) -> Update {
+        Update::TraceMap(event)
+    }
+    fn upsert(c: &mut Controller, object: ConfigMap) {
+        c.planner.apply_trace_map(&object)
+    }
+    fn delete(c: &mut Controller, key: &ObjectKey) {
+        c.planner.delete_trace_map(key)
+    }
+    fn known(c: &Controller) -> Vec<ObjectKey> {
+        c.planner.index().traces.keys().cloned().collect()
     }
 }

@@ -38,10 +38,20 @@ impl Verdict {
     /// Conformant or not; `None` when unmeasurable.
     pub fn conformant(&self) -> Option<bool> {
         match self.reason {
-            ConformanceReason::Unmeasurable => None,
+            ConformanceReason::Unmeasurable | ConformanceReason::Scheduled => None,
             r => Some(r == ConformanceReason::Conformant),
         }
     }
+}
+
+/// The verdict on a direction of a link that changes with time: what was measured stays, the judgment against
+/// the link's own impairment goes (a window spans phases). Nothing measured stays `Unmeasurable`.
+pub fn unjudged_scheduled(v: Verdict) -> Verdict {
+    if v.reason == ConformanceReason::Unmeasurable {
+        return v;
+    }
+    let message = "not judged: the link changes with time (spec.schedule), so a measurement window spans its phases";
+    Verdict { reason: ConformanceReason::Scheduled, message: message.into(), ..v }
 }
 
 /// Judges one direction from its merged windows (`None`: no node reported it).

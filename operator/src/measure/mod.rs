@@ -11,5 +11,5 @@ pub mod judge;
 pub mod merge;
 
 pub use expect::RoundTrip;
-pub use judge::{Judged, Verdict, judge, overall, summary};
+pub use judge::{Judged, Verdict, judge, overall, summary, unjudged_scheduled};
 pub use merge::{Merged, merge};

@@ -71,7 +71,12 @@ impl Planner {
     }
 
     pub fn apply_link(&mut self, link: &NetworkLink) {
-        let (key, info) = LinkInfo::from_link(link);
+        let (key, info) = LinkInfo::from_link_reading(link, self.index.trace_of(link));
+        if link.spec.schedule.as_ref().is_some_and(|s| s.trace.is_some()) {
+            self.trace_links.insert(key.clone(), std::sync::Arc::new(link.clone()));
+        } else {
+            self.trace_links.remove(&key);
+        }
         self.upsert_link(key, info);
     }
 
@@ -84,6 +89,7 @@ impl Planner {
     }
 
     pub fn delete_link(&mut self, key: &ObjectKey) {
+        self.trace_links.remove(key);
         if self.index.links.remove(key).is_some() {
             self.dirty_links.insert(key.clone());
             self.selection_changed = true;

@@ -124,6 +124,13 @@ impl Planner {
         })
     }
 
+    /// The timeline whose phases a link's `status.schedule` shows: the forward direction's, else the reverse's
+    /// (a ramp or trace may move one direction only). `None` without a schedule.
+    pub fn link_timeline(&self, key: &ObjectKey) -> Option<&Arc<isthmus_agent_api::schedule::Timeline>> {
+        let timelines = self.index.links.get(key)?.timelines.as_ref()?;
+        timelines.forward.as_ref().or(timelines.reverse.as_ref())
+    }
+
     /// What the answers to a link's forward probes meet on their way back when the link has no reverse
     /// direction of its own: the impairment that the plan of one of its destination pods applies towards one of
     /// its source pods (another link's, e.g. the opposite link of a NetworkTopology). The first such pair found

@@ -20,6 +20,7 @@ mod facts;
 mod limits;
 mod planner;
 mod resolve;
+mod traces;
 mod verify;
 mod winner;
 

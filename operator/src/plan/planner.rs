@@ -56,6 +56,8 @@ pub struct Planner {
     pub(super) selection_changed: bool,
     /// Nodes whose `unverified`/`unprobed` may differ: they run a source of a link whose resolution changed.
     pub(super) dirty_annotations: BTreeSet<String>,
+    /// The links whose schedule replays a trace, as last applied: compiled again when their ConfigMap changes.
+    pub(super) trace_links: BTreeMap<ObjectKey, std::sync::Arc<crate::api::NetworkLink>>,
 }
 
 /// Computes every plan from scratch, within the default limits.

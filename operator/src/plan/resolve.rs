@@ -34,6 +34,8 @@ pub struct Side {
     pub sources: Vec<Source>,
     /// Sorted, without duplicates.
     pub destinations: Vec<IpNet>,
+    /// When the side's impairment changes with time (`spec.schedule`): what the agents follow.
+    pub timeline: Option<Arc<isthmus_agent_api::schedule::Timeline>>,
 }
 
 impl Side {
@@ -194,6 +196,7 @@ pub(super) fn resolve_link_with(
         link: link_ref(Direction::Forward),
         sources: sources(key, &from_pods),
         destinations: forward_dests.into_iter().collect(),
+        timeline: info.timelines.as_ref().and_then(|t| t.forward.clone()),
     });
     if let Some(reverse) = &impairments.reverse {
         // The spec forbids a reverse direction with a namespaceSelector; `sources` filters regardless.
@@ -202,6 +205,7 @@ pub(super) fn resolve_link_with(
             link: link_ref(Direction::Reverse),
             sources: sources(key, &to_pods),
             destinations: host_prefixes(&from_pods).into_iter().collect(),
+            timeline: info.timelines.as_ref().and_then(|t| t.reverse.clone()),
         });
     }
     res.exclusions = exclusions.into_iter().collect();

@@ -108,6 +108,7 @@ pub fn expand(name: &str, spec: &NetworkTopologySpec) -> Result<Expansion, Topol
                 profile: None,
                 priority: spec.priority,
                 verify: spec.verify,
+                schedule: None,
             };
             let resolved = child_spec.resolve().map_err(|e| {
                 let below = e.field.strip_prefix("spec.impairment").unwrap_or("");

@@ -198,6 +198,7 @@ pub fn link(name: &str, latency: &str) -> NetworkLink {
             profile: None,
             priority: 0,
             verify: None,
+            schedule: None,
         },
     )
 }

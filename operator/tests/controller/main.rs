@@ -2,7 +2,7 @@
 //! carry `observedGeneration` and the conditions, leadership hands over between two controllers, and the
 //! readiness gate's condition lands on pods (`gate.rs`); links the operator cannot decode (`unreadable.rs`);
 //! the plan limits (`limits.rs`); plans of a deposed or killed leader arriving late (`handover.rs`); NetworkTopology
-//! and the links it owns, with the garbage collector (`topology.rs`).
+//! and the links it owns, with the garbage collector (`topology.rs`); a schedule's status and Events (`schedule.rs`).
 //!
 //! Needs `ISTHMUS_TEST_KUBECONFIG` naming a control plane's kubeconfig: the tests are ignored in a plain
 //! `cargo test`, and `make operator-it` starts one and runs them. The control plane has no nodes and no kubelet: agents are either
@@ -13,6 +13,7 @@ mod cluster;
 mod gate;
 mod handover;
 mod limits;
+mod schedule;
 mod topology;
 mod unreadable;
 

@@ -165,6 +165,7 @@ async fn gates_are_decided_only_once_every_watch_has_listed() {
     s.list(WatchKind::Agent, vec![Update::Agent(Event::InitApply(agent))]).await;
     s.list(WatchKind::Namespace, Vec::new()).await;
     s.list(WatchKind::Service, Vec::new()).await;
+    s.list(WatchKind::TraceMap, Vec::new()).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(s.api.pod_conditions("client"), [], "not decided before the links are listed");
     assert_eq!(s.api.pod_conditions("loner"), [], "not decided before the links are listed");

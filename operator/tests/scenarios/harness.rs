@@ -146,6 +146,7 @@ fn list_marker(kind: WatchKind, done: bool) -> Update {
         WatchKind::Service => Update::Service(marker(done)),
         WatchKind::Agent => Update::Agent(marker(done)),
         WatchKind::Node => Update::Node(marker(done)),
+        WatchKind::TraceMap => Update::TraceMap(marker(done)),
     }
 }
 

@@ -63,6 +63,7 @@ pub fn spec(from: &str, to: &str, ms: u32) -> NetworkLinkSpec {
         profile: None,
         priority: 0,
         verify: None,
+        schedule: None,
     }
 }
 

@@ -10,6 +10,7 @@ use crate::datapath::units::queue_cap;
 use crate::datapath::{QueueBound, QueueBudget};
 use crate::node::plan::{Destination, PlanPod};
 use crate::node::state::desired_state;
+use crate::node::timing::Timelines;
 
 /// The pods of one plan as the apply goes: a result per entry of the plan (`None` while the pod is worked on),
 /// the pods still to reconcile, and the pods whose installed tree stays as it is.
@@ -20,13 +21,14 @@ pub(super) struct Progress {
 }
 
 impl Progress {
-    /// Step 1: every entry checked on its own; of each pod, only what the apply needs is kept.
-    pub fn check(pods: Vec<PlanPod>, budget: QueueBudget) -> Self {
+    /// Step 1: every entry checked on its own, with the impairments in force at `now_ms`; of each pod, only what
+    /// the apply needs is kept.
+    pub fn check(pods: Vec<PlanPod>, budget: QueueBudget, timelines: &Timelines, now_ms: u64) -> Self {
         let mut progress =
             Progress { results: Vec::with_capacity(pods.len()), jobs: Vec::new(), keep_as_is: HashSet::new() };
         let mut seen = HashSet::new();
         for (index, entry) in pods.into_iter().enumerate() {
-            match check_pod(index, entry, &mut seen, budget) {
+            match check_pod(index, entry, &mut seen, budget, timelines, now_ms) {
                 Ok(job) => {
                     progress.results.push(None);
                     progress.jobs.push(job);
@@ -58,7 +60,14 @@ struct Refused {
     keep_installed: bool,
 }
 
-fn check_pod(index: usize, entry: PlanPod, seen: &mut HashSet<String>, budget: QueueBudget) -> Result<PodJob, Refused> {
+fn check_pod(
+    index: usize,
+    entry: PlanPod,
+    seen: &mut HashSet<String>,
+    budget: QueueBudget,
+    timelines: &Timelines,
+    now_ms: u64,
+) -> Result<PodJob, Refused> {
     let (pod, destinations) = match entry {
         PlanPod::Valid { pod, destinations } => (pod, destinations),
         PlanPod::Malformed { uid, namespace, name, message } => {
@@ -80,9 +89,10 @@ fn check_pod(index: usize, entry: PlanPod, seen: &mut HashSet<String>, budget: Q
     if let Err(message) = check_interface_name(&pod.interface) {
         return refuse(PodErrorKind::InvalidPlan, format!("pods[{index}].interface: {message}"), true);
     }
-    match desired_state(&destinations, budget) {
+    let in_force = timelines.in_force(&destinations, now_ms);
+    match desired_state(&in_force, budget) {
         Ok(desired) => {
-            let queue_caps = queue_caps(&destinations, desired.queue_bound());
+            let queue_caps = queue_caps(&in_force, desired.queue_bound());
             Ok(PodJob { index, pod, destinations, desired, queue_caps })
         }
         Err(e) => refuse(e.kind(), format!("pods[{index}]: {e}"), true),
@@ -165,7 +175,7 @@ mod tests {
         };
         // Two destinations: each gets min(per destination, per pod / 2) = 4 MiB = 2,770 frames.
         let budget = QueueBudget::new(8 << 20, 8 << 20).unwrap();
-        let progress = Progress::check(RawNodePlan::from(&plan).pods, budget);
+        let progress = Progress::check(RawNodePlan::from(&plan).pods, budget, &Timelines::default(), 0);
         let [job] = progress.jobs.as_slice() else { panic!("one pod to reconcile") };
         assert_eq!(
             job.queue_caps,

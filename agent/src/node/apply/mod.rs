@@ -14,6 +14,7 @@ use isthmus_agent_api::{ApplyReply, LinkRef, PodErrorKind, PodOutcome, PodPlan, 
 use self::check::{Progress, applied_pod, failed_pod};
 use super::plan::{Destination, RawNodePlan};
 use super::state::{Applied, InstalledPod, Leftover, Snapshot};
+use super::timing::unix_ms_now;
 use super::trees::{PodDatapath, ReconcilePath, Removal};
 use super::{Node, release_freed_memory};
 use crate::datapath::{DatapathError, DesiredState};
@@ -95,7 +96,8 @@ impl Node {
         }
         let version = raw.version;
         let probe_filter = raw.probe_filter;
-        let mut progress = Progress::check(raw.pods, self.config.queue_budget);
+        let timelines = raw.timelines;
+        let mut progress = Progress::check(raw.pods, self.config.queue_budget, &timelines, unix_ms_now());
         let found = self.find_namespaces(&mut progress, &applied).await?;
         let reconciled = self.reconcile_found(found).await;
         let installed = self.installed_set(reconciled, &applied, &mut progress).await;
@@ -106,6 +108,8 @@ impl Node {
         applied.pods = installed;
         applied.last_results = results.clone();
         applied.probe_filter = probe_filter;
+        applied.timelines = timelines;
+        self.phases_changed.notify_one();
         self.publish(&applied, version);
         release_freed_memory();
         Ok(self.reply(version, false, results, &applied.leftovers))

@@ -48,6 +48,9 @@ const SCENARIOS: &[Scenario] = &[
     ("duplicate_restriction_follows_the_kernel", scenarios::packets::duplicate_restriction_follows_the_kernel),
     ("measured_follows_the_link", scenarios::measured::measured_follows_the_link),
     ("topology_matrix", scenarios::topology::topology_matrix),
+    ("schedule_switches_phases", scenarios::schedule::schedule_switches_phases),
+    ("flap_drops_all_while_down", scenarios::schedule::flap_drops_all_while_down),
+    ("trace_caps_each_window", scenarios::schedule::trace_caps_each_window),
 ];
 
 /// Scenarios left out on the userspace datapath, and why. Each costs minutes of waiting for probe windows; on this

@@ -12,6 +12,7 @@ use crate::plan::LinkFacts;
 
 mod measured;
 mod progress;
+pub mod schedule;
 pub(super) mod writer;
 
 pub use writer::now_seconds;

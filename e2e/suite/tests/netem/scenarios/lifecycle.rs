@@ -53,7 +53,7 @@ spec:
 }
 
 /// Seconds since the epoch of an RFC 3339 UTC time as Kubernetes writes it (`2026-11-23T21:55:27Z`).
-fn unix_seconds(rfc3339: &str) -> i64 {
+pub(crate) fn unix_seconds(rfc3339: &str) -> i64 {
     let n = |a: usize, b: usize| rfc3339[a..b].parse::<i64>().unwrap_or_else(|_| panic!("not a timestamp: {rfc3339}"));
     let (y, m, d) = (n(0, 4), n(5, 7), n(8, 10));
     // days from civil (Howard Hinnant's algorithm)

@@ -5,5 +5,6 @@ pub mod lifecycle;
 pub mod loss;
 pub mod measured;
 pub mod packets;
+pub mod schedule;
 pub mod throughput;
 pub mod topology;
