@@ -88,6 +88,9 @@ pub struct StreamResult {
     pub arrivals: Vec<Arrival>,
     pub corrupted: u32,
     pub send_errors: u32,
+    /// Datagrams the receiving socket's kernel queue dropped (`SK_MEMINFO_DROPS`): lost at the receiver, not on
+    /// the link.
+    pub receiver_drops: u32,
     /// From the first send to the last: a guest starved of CPU sends slower than asked.
     pub send_elapsed: Duration,
 }
@@ -196,7 +199,7 @@ impl StreamResult {
 /// A UDP stream running from namespace `a` to one destination in `b`.
 pub struct Stream {
     sender: JoinHandle<(u32, u32, Duration)>,
-    receiver: JoinHandle<anyhow::Result<(Vec<Arrival>, u32)>>,
+    receiver: JoinHandle<anyhow::Result<Received>>,
     payload: usize,
 }
 
@@ -240,8 +243,17 @@ impl Stream {
 
     pub fn finish(self) -> anyhow::Result<StreamResult> {
         let (sent, send_errors, send_elapsed) = self.sender.join().map_err(|_| anyhow::anyhow!("sender panicked"))?;
-        let (arrivals, corrupted) = self.receiver.join().map_err(|_| anyhow::anyhow!("receiver panicked"))??;
-        Ok(StreamResult { sent, payload: self.payload, arrivals, corrupted, send_errors, send_elapsed })
+        let Received { arrivals, corrupted, drops } =
+            self.receiver.join().map_err(|_| anyhow::anyhow!("receiver panicked"))??;
+        Ok(StreamResult {
+            sent,
+            payload: self.payload,
+            arrivals,
+            corrupted,
+            send_errors,
+            receiver_drops: drops,
+            send_elapsed,
+        })
     }
 }
 
@@ -276,13 +288,38 @@ fn send(socket: &UdpSocket, spec: &StreamSpec) -> (u32, u32, Duration) {
     (spec.packets, errors, start.elapsed())
 }
 
+/// What the receiving end of a stream saw.
+struct Received {
+    arrivals: Vec<Arrival>,
+    corrupted: u32,
+    /// The socket's own drops (its queue full).
+    drops: u32,
+}
+
+/// `SK_MEMINFO_DROPS` of `socket` (`SO_MEMINFO`, include/uapi/linux/sock_diag.h): datagrams its queue refused.
+fn socket_drops(socket: &impl AsRawFd) -> anyhow::Result<u32> {
+    const SO_MEMINFO: libc::c_int = 55;
+    const SK_MEMINFO_DROPS: usize = 8;
+    let mut info = [0u32; 9];
+    let mut len = std::mem::size_of_val(&info) as libc::socklen_t;
+    // SAFETY: `info` is a live local array of the size passed in `len`, which is live too; the kernel writes at
+    // most `len` bytes and updates it.
+    let rc = unsafe {
+        libc::getsockopt(socket.as_raw_fd(), libc::SOL_SOCKET, SO_MEMINFO, info.as_mut_ptr().cast(), &mut len)
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error()).context("getsockopt(SO_MEMINFO)");
+    }
+    Ok(info[SK_MEMINFO_DROPS])
+}
+
 fn receive(
     socket: UdpSocket,
     payload: usize,
     drain: Duration,
     sent: u32,
     done_at: &AtomicU64,
-) -> anyhow::Result<(Vec<Arrival>, u32)> {
+) -> anyhow::Result<Received> {
     let mut buf = vec![0u8; 65536];
     let mut arrivals = Vec::new();
     let mut corrupted = 0;
@@ -308,7 +345,53 @@ fn receive(
             Err(e) => return Err(e).context("receiving the test stream"),
         }
     }
-    Ok((arrivals, corrupted))
+    Ok(Received { arrivals, corrupted, drops: socket_drops(&socket)? })
+}
+
+/// The guest's CPU time, all CPUs together (`/proc/stat`'s first line, in clock ticks).
+#[derive(Debug, Clone, Copy)]
+pub struct CpuTimes {
+    busy: u64,
+    total: u64,
+}
+
+impl CpuTimes {
+    pub fn now() -> anyhow::Result<CpuTimes> {
+        let stat = std::fs::read_to_string("/proc/stat").context("reading /proc/stat")?;
+        CpuTimes::parse(stat.lines().next().context("an empty /proc/stat")?)
+    }
+
+    /// From `/proc/stat`'s `cpu` line.
+    fn parse(line: &str) -> anyhow::Result<CpuTimes> {
+        let ticks = line
+            .split_whitespace()
+            .skip(1)
+            .map(|t| t.parse::<u64>().with_context(|| format!("/proc/stat's cpu line {line:?}")))
+            .collect::<anyhow::Result<Vec<u64>>>()?;
+        // user nice system idle iowait …: idle and iowait are the CPU's own waiting
+        let waiting = ticks.get(3).copied().unwrap_or(0) + ticks.get(4).copied().unwrap_or(0);
+        let total = ticks.iter().sum::<u64>();
+        Ok(CpuTimes { busy: total - waiting, total })
+    }
+
+    /// The busy share (0–1) of the CPU time since `earlier`.
+    pub fn busy_since(&self, earlier: CpuTimes) -> f64 {
+        let total = self.total.saturating_sub(earlier.total);
+        if total == 0 { 0.0 } else { self.busy.saturating_sub(earlier.busy) as f64 / total as f64 }
+    }
+}
+
+/// Packets the kernel dropped from its per-CPU input backlogs (`/proc/net/softnet_stat`, second column, all
+/// CPUs): what a veth hands on faster than the receiving side takes it. The whole guest's, not one namespace's.
+pub fn backlog_drops() -> anyhow::Result<u64> {
+    let table = std::fs::read_to_string("/proc/net/softnet_stat").context("reading /proc/net/softnet_stat")?;
+    table
+        .lines()
+        .map(|line| {
+            let column = line.split_whitespace().nth(1).context("softnet_stat line without a drop column")?;
+            u64::from_str_radix(column, 16).with_context(|| format!("softnet_stat drop column {column:?}"))
+        })
+        .sum()
 }
 
 /// TCP bulk transfer from `a` to a destination in `b` for a bounded time.
@@ -456,6 +539,16 @@ mod tests {
             sent_ns: u64::from(seq) * 1_000_000,
             received_ns: u64::from(seq) * 1_000_000 + delay_ms * 1_000_000,
         }
+    }
+
+    #[test]
+    fn cpu_busy_share_leaves_out_idle_and_iowait() {
+        let before = CpuTimes::parse("cpu  100 0 50 800 50 0 0 0 0 0").expect("a cpu line");
+        let after = CpuTimes::parse("cpu  160 0 70 900 70 0 0 0 0 0").expect("a cpu line");
+        // 80 busy ticks (user 60, system 20) of 200
+        assert!((after.busy_since(before) - 0.4).abs() < 1e-9);
+        assert_eq!(before.busy_since(before), 0.0);
+        assert!(CpuTimes::parse("cpu  1 x 3").is_err());
     }
 
     fn result(sent: u32, seqs: &[u32]) -> StreamResult {

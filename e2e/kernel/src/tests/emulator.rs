@@ -27,6 +27,41 @@ pub struct Changes {
     pub replaced: usize,
 }
 
+/// Packets a datapath lost, by where (`Emulation::losses`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Losses {
+    /// Dropped by the emulation as configured or for its queue's limit (netem's or the emulators' counters).
+    pub emulator: u64,
+    /// Dropped by the kernel from the userspace datapath's capture sockets: its loop fell behind.
+    pub capture_overruns: u64,
+    /// Refused by the userspace datapath's raw socket on the way out.
+    pub send_errors: u64,
+    /// Captured but not read as IP.
+    pub malformed: u64,
+}
+
+impl std::ops::Sub for Losses {
+    type Output = Losses;
+    fn sub(self, before: Losses) -> Losses {
+        Losses {
+            emulator: self.emulator - before.emulator,
+            capture_overruns: self.capture_overruns - before.capture_overruns,
+            send_errors: self.send_errors - before.send_errors,
+            malformed: self.malformed - before.malformed,
+        }
+    }
+}
+
+impl std::fmt::Display for Losses {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "emulator {}, capture overruns {}, send errors {}, malformed {}",
+            self.emulator, self.capture_overruns, self.send_errors, self.malformed
+        )
+    }
+}
+
 pub enum Emulation {
     Tc(Datapath),
     Userspace {
@@ -66,6 +101,24 @@ impl Emulation {
         Ok(match self {
             Emulation::Tc(dp) => ctx.runtime.block_on(dp.observe(SOURCE_IF))?.unwrap_or_default(),
             Emulation::Userspace { pod, .. } => pod.counters().0,
+        })
+    }
+
+    /// Where the datapath itself lost packets so far, by reason (cumulative: subtract a reading taken before).
+    pub fn losses(&self, ctx: &Ctx) -> anyhow::Result<Losses> {
+        let queue = |counters: &[(IpNet, Counters)]| counters.iter().map(|(_, c)| c.drops).sum();
+        Ok(match self {
+            Emulation::Tc(_) => Losses { emulator: queue(&self.counters(ctx)?), ..Losses::default() },
+            Emulation::Userspace { pod, .. } => {
+                let (counters, shell) = pod.counters();
+                let shell = shell.unwrap_or_default();
+                Losses {
+                    emulator: queue(&counters),
+                    capture_overruns: shell.capture_overruns,
+                    send_errors: shell.send_errors,
+                    malformed: shell.malformed,
+                }
+            }
         })
     }
 

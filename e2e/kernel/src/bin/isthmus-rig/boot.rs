@@ -143,6 +143,7 @@ impl Boot<'_> {
                     .arg(format!("uml_dir={}", uml_dir.display()))
                     .arg("umid=rig")
                     .args(self.guest_env(label));
+                pin_to_one_cpu(&mut c);
                 c
             }
         }
@@ -195,6 +196,32 @@ pub fn supervise(cmd: &mut Command, timeout: Duration) -> anyhow::Result<(i32, f
     // UML's helpers may outlive its main process for a moment
     let _ = kill(group, Signal::SIGKILL);
     Ok((rc.unwrap_or_default(), start.elapsed().as_secs_f64(), format!("{load}..{}", host_load())))
+}
+
+/// Keeps the process and everything it forks on one host CPU: the last of those the rig may use.
+///
+/// Why: UML runs the guest's kernel and each guest process as host processes that hand the CPU to each other at
+/// every guest system call and page fault. Left to the host's scheduler, the two sides of a hand-off often sit
+/// on different CPUs, and each hand-off then wakes the other CPU; in a virtual machine (this one is a
+/// Firecracker guest) that wake-up is an exit to its hypervisor, and the guest's system calls slowed by up to
+/// ten times, for seconds at a time, at random. Measured 2026-11-29 with `e2e/kernel/rig run --kernel sid` on
+/// a quiet host: unpinned, two runs of the suite needed 2 and 7 retries and failed a test each (the flood test's
+/// sender managed 5,456 datagrams in 10 s where the schedule asks 60,000; a 2,000 a second stream through the
+/// userspace datapath lost 1–6 % to capture overruns); under `taskset -c 1`, two runs passed every test with
+/// no retry (59,998 datagrams). One emulated CPU needs no more than one host CPU.
+fn pin_to_one_cpu(command: &mut Command) {
+    use nix::sched::{CpuSet, sched_getaffinity, sched_setaffinity};
+    let Ok(allowed) = sched_getaffinity(Pid::from_raw(0)) else { return };
+    let Some(last) = (0..CpuSet::count()).rev().find(|&cpu| allowed.is_set(cpu).unwrap_or(false)) else { return };
+    let mut one = CpuSet::new();
+    if one.set(last).is_err() {
+        return;
+    }
+    // SAFETY: the closure runs in the forked child before exec and makes one system call (sched_setaffinity),
+    // which is async-signal-safe; it allocates nothing and touches no lock.
+    unsafe {
+        command.pre_exec(move || sched_setaffinity(Pid::from_raw(0), &one).map_err(std::io::Error::from));
+    }
 }
 
 fn is_tmpfs(path: &str) -> bool {
