@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use agent_common::{Agent, AgentOptions, Fleet, TestCerts};
 use isthmus_agent_api::schedule::{End, Phase, Timeline, TimelineFields};
 use isthmus_agent_api::test_util::{destination, link, pod, rate};
-use isthmus_agent_api::{LinkRef, LinkTimeline, NodePlan, PodOutcome, PodPlan};
+use isthmus_agent_api::{LinkRef, LinkTimeline, NodePlan, PodOutcome, PodPlan, unix_ms_now};
 
 const NODE: &str = "node-bench";
 const PODS: usize = 100;
@@ -55,10 +55,6 @@ fn timeline(start_unix_ms: u64, rates: impl Iterator<Item = u64>, step_ms: u64) 
         .map(|(k, bps)| Phase { duration_ms: step_ms, impairment: Arc::new(rate(bps)), name: format!("step {k}") })
         .collect();
     Timeline::try_from(TimelineFields { start_unix_ms, phases, end: End::Repeat, jitter: None }).expect("a timeline")
-}
-
-fn unix_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
 }
 
 /// The agent's CPU time so far (utime + stime), in seconds.
@@ -116,7 +112,7 @@ async fn main() {
     apply(plan(&fleet, 1, None)).await;
     let idle = share_of_a_core(&agent, Duration::from_secs(ramp_seconds));
 
-    let start = unix_ms() + 2_000;
+    let start = unix_ms_now() + 2_000;
     apply(plan(&fleet, 2, Some(timeline(start, [20_000_000, 10_000_000].into_iter(), 1_000)))).await;
     tokio::time::sleep(Duration::from_millis(2_000 + switch_count * 1_000 + 500)).await;
     let log = std::fs::read_to_string(&agent.log).unwrap();
@@ -128,7 +124,7 @@ async fn main() {
     }
 
     // The ramp: 10 → 19.9 Mbit/s in 100 steps of 100 ms, again and again.
-    let ramp_start = unix_ms() + 1_000;
+    let ramp_start = unix_ms_now() + 1_000;
     let steps = (0..100u64).map(|k| 10_000_000 + k * 100_000);
     apply(plan(&fleet, 3, Some(timeline(ramp_start, steps, 100)))).await;
     tokio::time::sleep(Duration::from_millis(1_500)).await;

@@ -7,19 +7,15 @@ mod agent_common;
 
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use agent_common::{Agent, AgentOptions, Ns, TestCerts, veth};
 use isthmus_agent_api::schedule::{End, Phase, Position, Timeline, TimelineFields};
 use isthmus_agent_api::test_util::{destination, link, pod, rate};
-use isthmus_agent_api::{LinkTimeline, NodePlan, PodOutcome};
+use isthmus_agent_api::{LinkTimeline, NodePlan, PodOutcome, unix_ms_now};
 
 const NODE: &str = "node-schedule";
 const PHASE_MS: u64 = 2_000;
-
-fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
-}
 
 /// The rates of the TBFs on the pod's eth0 (`tc qdisc show`: `rate 20Mbit`).
 fn rates(ns: &Ns) -> Vec<String> {
@@ -37,7 +33,7 @@ async fn shows_within(ns: &Ns, want: &str, until_ms: u64, what: &str) {
         if now == [want] {
             return;
         }
-        assert!(now_ms() < until_ms, "{what}: the TBF shows {now:?}, not {want}, at the end of its span");
+        assert!(unix_ms_now() < until_ms, "{what}: the TBF shows {now:?}, not {want}, at the end of its span");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -58,7 +54,7 @@ async fn the_agent_switches_a_links_phases_on_its_own_clock_and_resumes_them_aft
     let client = certs.operator();
 
     // Own rate 10 Mbit/s until the start; then 20 and 30 Mbit/s, two seconds each, repeating.
-    let start = now_ms() + 1_500;
+    let start = unix_ms_now() + 1_500;
     let phase = |bps| Phase { duration_ms: PHASE_MS, impairment: Arc::new(rate(bps)), name: format!("{bps}") };
     let fields = TimelineFields {
         start_unix_ms: start,
@@ -81,7 +77,7 @@ async fn the_agent_switches_a_links_phases_on_its_own_clock_and_resumes_them_aft
     // Each phase within its own span: phase 0, phase 1, and phase 0 of the next cycle.
     for (i, want) in ["20Mbit", "30Mbit", "20Mbit"].into_iter().enumerate() {
         let (from, to) = (start + i as u64 * PHASE_MS, start + (i as u64 + 1) * PHASE_MS);
-        tokio::time::sleep(Duration::from_millis(from.saturating_sub(now_ms()))).await;
+        tokio::time::sleep(Duration::from_millis(from.saturating_sub(unix_ms_now()))).await;
         shows_within(&pod_ns, want, to, &format!("phase {i} (+{} ms)", from - start)).await;
     }
     assert!(agent.log_text().contains("phases switched"), "{}", agent.log_text());
@@ -91,7 +87,7 @@ async fn the_agent_switches_a_links_phases_on_its_own_clock_and_resumes_them_aft
     let agent = Agent::start(&options);
     let reply = client.apply(agent.api, &plan(2)).await.unwrap();
     assert_eq!(reply.pods[0].outcome, PodOutcome::Applied, "{reply:?}");
-    let Position::In { phase, next_ms: Some(next), .. } = timeline.position(now_ms()) else { panic!("repeating") };
+    let Position::In { phase, next_ms: Some(next), .. } = timeline.position(unix_ms_now()) else { panic!("repeating") };
     let want = if phase == 0 { "20Mbit" } else { "30Mbit" };
     shows_within(&pod_ns, want, next, "after the restart").await;
     drop(agent);

@@ -21,3 +21,9 @@ pub use impairment::{
     Correlated, Impairment, ImpairmentError, ImpairmentFields, Loss, MAX_QUEUE_LIMIT_PACKETS, Percent, Reorder,
 };
 pub use plan::*;
+
+/// The wall clock in Unix milliseconds: the unit of the timelines (`schedule`) and of the measurements' windows,
+/// read the same way by the operator, the agent and the tools.
+pub fn unix_ms_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}

@@ -4,10 +4,10 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Weak};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use isthmus_agent_api::LinkRef;
 use isthmus_agent_api::measure::ProbeKind;
+use isthmus_agent_api::{LinkRef, unix_ms_now};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -125,17 +125,13 @@ pub(super) async fn run(node: Weak<Node>, config: ProbeConfig, metrics: Arc<Metr
                     prober.refresh(view).await;
                 }
                 prober.expire();
-                if prober.windows.close(unix_ms(), prober.grace) || std::mem::take(&mut prober.replanned) {
+                if prober.windows.close(unix_ms_now(), prober.grace) || std::mem::take(&mut prober.replanned) {
                     let version = prober.view.as_ref().map_or(0, |v| v.version);
                     node.measurements().publish(version, prober.windows.measurements());
                 }
             }
         }
     }
-}
-
-fn unix_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 impl Prober {
@@ -201,7 +197,7 @@ impl Prober {
         let Some(target) = self.targets.get(slot.pair) else { return };
         let (link, to, timeout) = (target.pair.link.clone(), target.pair.destination, target.timeout);
         // Taken before the send: an answer can be read before this function returns.
-        let (sent_at, sent_ms) = (Instant::now(), unix_ms());
+        let (sent_at, sent_ms) = (Instant::now(), unix_ms_now());
         let key = match self.windows.kind(&link) {
             ProbeKind::IcmpEcho => {
                 let sockets = match slot.path {
@@ -263,7 +259,7 @@ impl Prober {
     }
 
     fn answered(&mut self, pending: Pending, rtt: Duration) {
-        self.windows.answered(&pending.link, pending.path, pending.sent_ms, rtt, unix_ms());
+        self.windows.answered(&pending.link, pending.path, pending.sent_ms, rtt, unix_ms_now());
         self.metrics.probes.answered(&pending.link, pending.path, rtt);
     }
 

@@ -9,8 +9,8 @@ use futures::StreamExt;
 
 use super::Node;
 use super::state::InstalledPod;
-use super::timing::unix_ms_now;
 use super::trees::ReconcilePath;
+use isthmus_agent_api::unix_ms_now;
 
 impl Node {
     /// Runs for as long as the node lives: sleeps until the next phase change of the plan in force (or a new

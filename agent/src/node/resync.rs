@@ -7,10 +7,10 @@ use std::time::Instant;
 use futures::StreamExt;
 
 use super::state::InstalledPod;
-use super::timing::unix_ms_now;
 use super::trees::ReconcilePath;
 use super::{Node, release_freed_memory};
 use crate::datapath::DatapathError;
+use isthmus_agent_api::unix_ms_now;
 
 impl Node {
     pub(super) async fn resync_inline(&self) -> u64 {

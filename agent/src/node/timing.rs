@@ -77,11 +77,6 @@ impl PartialEq for Timelines {
     }
 }
 
-/// The agent's clock as the timelines read it: Unix milliseconds.
-pub fn unix_ms_now() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
-
 #[cfg(test)]
 #[path = "timing/tests.rs"]
 mod tests;

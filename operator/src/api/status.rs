@@ -111,6 +111,14 @@ pub struct ScheduleStatus {
     pub next_change: Option<Time>,
 }
 
+impl ScheduleStatus {
+    /// Whether both show the same phase of the same pass (their times aside): what decides a refresh and an
+    /// Event.
+    pub fn same_phase(&self, other: &ScheduleStatus) -> bool {
+        (self.state, &self.phase, self.cycle) == (other.state, &other.phase, other.cycle)
+    }
+}
+
 /// The stage a schedule is in.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 pub enum ScheduleState {

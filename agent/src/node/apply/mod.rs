@@ -14,13 +14,13 @@ use isthmus_agent_api::{ApplyReply, LinkRef, PodErrorKind, PodOutcome, PodPlan, 
 use self::check::{Progress, applied_pod, failed_pod};
 use super::plan::{Destination, RawNodePlan};
 use super::state::{Applied, InstalledPod, Leftover, Snapshot};
-use super::timing::unix_ms_now;
 use super::trees::{PodDatapath, ReconcilePath, Removal};
 use super::{Node, release_freed_memory};
 use crate::datapath::{DatapathError, DesiredState};
 use crate::measure::{ProbePod, ProbeView};
 use crate::metrics::PodName;
 use crate::netns::{Netns, NetnsId, PodIdentity, ResolveError};
+use isthmus_agent_api::unix_ms_now;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApplyError {

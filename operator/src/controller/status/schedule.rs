@@ -28,7 +28,7 @@ pub fn schedule_status(timeline: &Timeline, position: Position) -> ScheduleStatu
 /// Whether the tick should refresh a status that shows `shown`: the schedule has moved on from it, and the last
 /// refresh the tick asked for was at least [`REFRESH_MS`] ago.
 pub fn refresh_due(shown: Option<&ScheduleStatus>, now: &ScheduleStatus, now_ms: u64, last_ms: Option<u64>) -> bool {
-    let moved = shown.is_none_or(|s| (s.state, &s.phase, s.cycle) != (now.state, &now.phase, now.cycle));
+    let moved = shown.is_none_or(|s| !s.same_phase(now));
     moved && last_ms.is_none_or(|last| now_ms.saturating_sub(last) >= REFRESH_MS)
 }
 

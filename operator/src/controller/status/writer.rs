@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use isthmus_agent_api::schedule::{Cursor, Position, Timeline};
+use isthmus_agent_api::unix_ms_now;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -136,6 +137,10 @@ impl Controller {
             return;
         }
         let now_ms = unix_ms_now();
+        // a link whose schedule was removed keeps no cursor nor refresh time (a link deleted is forgotten at once)
+        let planner = &self.planner;
+        self.status.cursors.retain(|key, _| planner.link_timeline(key).is_some());
+        self.status.schedule_refreshed.retain(|key, _| planner.link_timeline(key).is_some());
         let mut due = Vec::new();
         for (key, meta) in &self.links {
             let Some(timeline) = self.planner.link_timeline(key) else { continue };
@@ -155,11 +160,6 @@ impl Controller {
         }
         self.flush_statuses();
     }
-}
-
-/// The wall clock in Unix milliseconds, the agents' unit for timelines.
-fn unix_ms_now() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 async fn write_statuses(ctx: Arc<Context>, jobs: Jobs, notify: Arc<Notify>) {
@@ -221,7 +221,7 @@ async fn publish_transitions(ctx: &Context, key: &ObjectKey, job: &StatusJob) {
 /// The Event for a schedule that moved from `before` to `after`, if it moved.
 fn phase_event(before: Option<&ScheduleStatus>, after: Option<&ScheduleStatus>) -> Option<KubeEvent> {
     let after = after?;
-    if before.is_some_and(|b| (b.state, &b.phase, b.cycle) == (after.state, &after.phase, after.cycle)) {
+    if before.is_some_and(|b| b.same_phase(after)) {
         return None;
     }
     let what = match (&after.state, &after.phase) {
