@@ -95,6 +95,30 @@ impl<P: Packet> Emulator<P> {
         Emulator { queue, bucket: tbf.map(|t| TokenBucket::new(&t, now)), counters: Counters::default() }
     }
 
+    /// Takes over the queue of `old`, the emulator this one replaces for the same destination, as an in-place
+    /// `tc qdisc change` keeps a TBF's and a netem's queue: what `old` holds leaves through this emulator, paced
+    /// by its bucket (full, as a changed TBF's is), delayed packets at the times they were given; its counters
+    /// carry on, and `old` is left empty. False, and nothing taken, when the queues are of different kinds
+    /// (netem added or removed: the tc tree replaces its qdiscs then), for the caller to drain `old` apart.
+    pub fn absorb(&mut self, old: &mut Emulator<P>) -> bool {
+        match (&mut self.queue, &mut old.queue) {
+            (Queue::Netem(ours), Queue::Netem(theirs)) => ours.absorb(theirs),
+            (Queue::Fifo { packets: ours, .. }, Queue::Fifo { packets: theirs, .. }) => {
+                theirs.append(ours);
+                std::mem::swap(ours, theirs);
+            }
+            _ => return false,
+        }
+        let (c, o) = (&mut self.counters, std::mem::take(&mut old.counters));
+        c.packets += o.packets;
+        c.bytes += o.bytes;
+        c.drops += o.drops;
+        c.overlimits += o.overlimits;
+        c.backlog_packets += o.backlog_packets;
+        c.backlog_bytes += o.backlog_bytes;
+        true
+    }
+
     /// Sent (`packets`, `bytes`), dropped, held back by the bucket (`overlimits`), and what is queued now.
     pub fn counters(&self) -> Counters {
         self.counters

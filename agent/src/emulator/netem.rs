@@ -103,6 +103,23 @@ impl<P: Packet> NetemStage<P> {
         self.len() == 0
     }
 
+    /// Takes over what `old` holds, as `tc qdisc change` keeps a netem's queue: each delayed packet keeps its
+    /// departure time and the reordered ones stay at the head, ahead of this stage's own; what arrives from now
+    /// on follows this stage's parameters. Equal departure times still leave in arrival order, `old`'s first.
+    /// `old` is left empty.
+    pub fn absorb(&mut self, old: &mut NetemStage<P>) {
+        let mut head = std::mem::take(&mut old.head);
+        head.append(&mut self.head);
+        self.head = head;
+        // `into_sorted_vec` follows the reversed order, the last departure first: each is walked backwards
+        let (theirs, ours) = (std::mem::take(&mut old.line), std::mem::take(&mut self.line));
+        let ordered = theirs.into_sorted_vec().into_iter().rev().chain(ours.into_sorted_vec().into_iter().rev());
+        for d in ordered {
+            self.seq += 1;
+            self.line.push(Delayed { time: d.time, seq: self.seq, packet: d.packet });
+        }
+    }
+
     /// `netem_enqueue`: duplicate, lose, corrupt, check the limit, then reorder or delay. `may_duplicate` is false
     /// for a duplicate coming back through the pipeline (the kernel zeroes the probability while it does that).
     pub fn enqueue(&mut self, mut packet: P, now: u64, may_duplicate: bool) -> Enqueued<P> {

@@ -152,8 +152,10 @@ impl Shell {
         self.send(Command::Attach(pod.to_owned(), Box::new(path)));
     }
 
-    /// Gives an attached `pod` a new pipeline on the sockets it has; packets the old pipeline holds still leave
-    /// when it scheduled them. Not a new path: a second packet socket on the capture would receive a copy of
+    /// Gives an attached `pod` a new pipeline on the sockets it has. A destination both pipelines have keeps its
+    /// queue, now paced by its new bucket, its delayed packets leaving when they were due
+    /// ([`PodPipeline::take_over`]); what the old pipeline holds for destinations gone still leaves when it
+    /// scheduled them. Not a new path: a second packet socket on the capture would receive a copy of
     /// every packet until the loop swapped them, and both pipelines would send it. Ignored for a pod not
     /// attached.
     pub fn retune(&self, pod: &str, pipeline: PodPipeline) {
@@ -185,9 +187,8 @@ impl Drop for Shell {
     }
 }
 
-/// A pod in the loop: its path, and its earlier pipelines that still hold packets. An edit gives the pod a new
-/// pipeline; what the old one holds leaves as that one scheduled it (as `tc qdisc change` keeps a netem's
-/// queue), sent through the path's socket.
+/// A pod in the loop: its path, and what its earlier pipelines still hold for destinations the current one took
+/// no queue from (`Shell::retune`), sent through the path's socket as those scheduled it.
 struct Pod {
     path: PodPath,
     draining: Vec<PodPipeline>,
@@ -293,10 +294,11 @@ impl Loop {
                     changed = true;
                 }
                 Ok(Command::Retune(name, pipeline)) => {
+                    let now = clock(self.epoch);
                     if let Some(pod) = self.pods.get_mut(&name) {
                         let old = std::mem::replace(&mut pod.path.pipeline, *pipeline);
-                        if old.next_wakeup().is_some() {
-                            pod.draining.push(old);
+                        if let Some(rest) = pod.path.pipeline.take_over(old, now) {
+                            pod.draining.push(rest);
                         }
                     }
                 }

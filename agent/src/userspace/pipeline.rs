@@ -169,6 +169,34 @@ impl PodPipeline {
         }
     }
 
+    /// Takes over the queues of `old`, the pipeline this one replaces, for every destination both have
+    /// ([`Emulator::absorb`]: an edit changes a destination in place, as the tc tree changes its qdiscs, so a
+    /// lowered rate paces what is already queued and no second bucket sends beside the new one). Returns what is
+    /// left of `old` that still holds packets — destinations this one lacks, or whose queue changed kind — to
+    /// drain on its own schedule.
+    pub fn take_over(&mut self, old: PodPipeline, now: u64) -> Option<PodPipeline> {
+        self.doomed += old.doomed;
+        let mut left = Vec::new();
+        for Destination { net, mut emulator, .. } in old.destinations {
+            let taken = self.destinations.iter().position(|d| d.net == net).filter(|&i| {
+                let ours = &mut self.destinations[i];
+                ours.emulator.absorb(&mut emulator)
+            });
+            match taken {
+                Some(i) => {
+                    self.destinations[i].scheduled = None;
+                    self.reschedule(i, now);
+                }
+                None => left.push(Destination { net, emulator, scheduled: None }),
+            }
+        }
+        let mut rest = PodPipeline { destinations: left, wakeups: BinaryHeap::new(), doomed: 0 };
+        for i in 0..rest.destinations.len() {
+            rest.reschedule(i, now);
+        }
+        rest.next_wakeup().is_some().then_some(rest)
+    }
+
     /// Appends to `out` every packet that may leave at `now`, in departure order per destination.
     pub fn pop_due(&mut self, now: u64, out: &mut Vec<Frame>) {
         while let Some(&Reverse((at, i))) = self.wakeups.peek() {

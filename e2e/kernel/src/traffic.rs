@@ -24,7 +24,8 @@ const TRAILER: usize = 8; // FNV-1a over everything before it
 /// Ethernet + IPv4 + UDP headers: what TBF counts on a veth besides the payload.
 pub const UDP_L2_OVERHEAD: usize = 14 + 20 + 8;
 
-fn now_ns() -> u64 {
+/// The clock of every arrival's `sent_ns` and `received_ns`: nanoseconds since the first reading in this process.
+pub fn now_ns() -> u64 {
     static EPOCH: OnceLock<Instant> = OnceLock::new();
     EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
 }

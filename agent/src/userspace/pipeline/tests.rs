@@ -160,3 +160,69 @@ fn the_captures_own_link_chatter_is_stray_and_other_unlisted_unicast_passes() {
     }
     assert!(beyond_the_link("fd77::2".parse().unwrap()) && beyond_the_link("2001:db8::1".parse().unwrap()));
 }
+
+fn rate(bps: u64) -> Arc<Impairment> {
+    imp(ImpairmentFields { rate_bps: Some(bps), ..Default::default() })
+}
+
+/// Pops at every wake-up from `now` on until nothing is left: (time, frame) of each departure.
+fn drain(p: &mut PodPipeline, mut now: u64) -> Vec<(u64, Frame)> {
+    let (mut out, mut due) = (Vec::new(), Vec::new());
+    loop {
+        p.pop_due(now, &mut due);
+        out.extend(due.drain(..).map(|f| (now, f)));
+        match p.next_wakeup() {
+            Some(w) => now = w.max(now + 1),
+            None => return out,
+        }
+    }
+}
+
+#[test]
+fn an_edit_paces_what_is_already_queued_at_the_new_rate_through_one_bucket() {
+    let dst = net("10.0.0.2/32");
+    let mut old = pipeline(&[(dst, rate(8_000_000))], 1);
+    for n in 0..20 {
+        old.push(v4([10, 0, 0, 2], n, 986), 0);
+    }
+    let mut new = pipeline(&[(dst, rate(1_000_000))], 1);
+    let edit = 2 * MS;
+    let mut early = Vec::new();
+    old.pop_due(edit, &mut early);
+    assert!(new.take_over(old, edit).is_none(), "nothing of the old pipeline is left to drain beside the new one");
+    let out = drain(&mut new, edit);
+    assert_eq!(early.len() + out.len(), 20, "every queued packet leaves once");
+    let numbers: Vec<u16> = early.iter().chain(out.iter().map(|(_, f)| f)).map(number).collect();
+    assert_eq!(numbers, (0..20).collect::<Vec<_>>(), "in their order");
+    // 1000-byte frames (986 + the link header) at 1 Mbit/s: 8 ms apart once the new bucket's burst is spent
+    let gaps: Vec<u64> = out.windows(2).map(|w| w[1].0 - w[0].0).collect();
+    assert!(gaps.iter().rev().take(10).all(|&g| g >= 8 * MS - MS / 100), "paced at the new rate: {gaps:?}");
+    let c = new.counters().next().unwrap().1;
+    assert_eq!((c.packets, c.backlog_packets, c.backlog_bytes), (20, 0, 0), "the counters carry on: {c:?}");
+}
+
+#[test]
+fn delayed_packets_keep_their_departure_after_an_edit_and_new_ones_follow_the_new_delay() {
+    let dst = net("10.0.0.2/32");
+    let mut old = pipeline(&[(dst, latency(100))], 1);
+    old.push(v4([10, 0, 0, 2], 1, 100), 0);
+    let mut new = pipeline(&[(dst, latency(10))], 1);
+    assert!(new.take_over(old, 50 * MS).is_none());
+    new.push(v4([10, 0, 0, 2], 2, 100), 60 * MS);
+    let out: Vec<(u64, u16)> = drain(&mut new, 50 * MS).into_iter().map(|(t, f)| (t, number(&f))).collect();
+    assert_eq!(out, vec![(70 * MS, 2), (100 * MS, 1)]);
+}
+
+#[test]
+fn a_destination_gone_or_changed_in_kind_drains_on_its_own_schedule() {
+    let (x, y) = (net("10.0.0.2/32"), net("10.0.0.3/32"));
+    for replacement in [vec![(y, latency(10))], vec![(x, rate(1_000_000))]] {
+        let mut old = pipeline(&[(x, latency(100))], 1);
+        old.push(v4([10, 0, 0, 2], 7, 100), 0);
+        let mut new = pipeline(&replacement, 1);
+        let mut rest = new.take_over(old, 10 * MS).expect("the old queue drains apart");
+        assert_eq!(new.next_wakeup(), None, "{replacement:?}: the new pipeline holds nothing of it");
+        let out: Vec<(u64, u16)> = drain(&mut rest, 10 * MS).into_iter().map(|(t, f)| (t, number(&f))).collect();
+        assert_eq!(out, vec![(100 * MS, 7)], "{replacement:?}");
+    }
+}

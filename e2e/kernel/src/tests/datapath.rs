@@ -68,7 +68,7 @@ pub(super) fn desired(destinations: &[(Ipv4Addr, ImpairmentFields)]) -> anyhow::
 /// Opens the test's datapath (`ctx.via`) in namespace `a` and installs `destinations`; logs what it did and the
 /// kernel's view. The userspace datapath ends when the returned emulation is dropped.
 #[must_use = "the userspace datapath ends when its emulation is dropped"]
-fn install(
+pub(super) fn install(
     ctx: &mut Ctx,
     link: &Link,
     destinations: &[(Ipv4Addr, ImpairmentFields)],
@@ -90,7 +90,7 @@ fn drops(ctx: &Ctx, dp: &Emulation, destination: Ipv4Addr) -> anyhow::Result<u64
         .context("no counters for the destination")
 }
 
-fn warm_up(link: &Link, destination: Ipv4Addr, port: u16) -> anyhow::Result<()> {
+pub(super) fn warm_up(link: &Link, destination: Ipv4Addr, port: u16) -> anyhow::Result<()> {
     // resolves the neighbour, so no measured packet waits for ARP
     stream(link, destination, port, &StreamSpec::new(3, Duration::from_millis(5), Duration::from_millis(100)))?;
     Ok(())
@@ -127,7 +127,7 @@ fn measured_stream(
     Ok((r, place))
 }
 
-fn spec(packets: u32, interval_us: u64, drain_ms: u64) -> StreamSpec {
+pub(super) fn spec(packets: u32, interval_us: u64, drain_ms: u64) -> StreamSpec {
     StreamSpec::new(packets, Duration::from_micros(interval_us), Duration::from_millis(drain_ms))
 }
 

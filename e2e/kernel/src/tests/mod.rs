@@ -10,6 +10,8 @@ mod expect;
 mod kernel;
 #[cfg(feature = "datapath")]
 mod queue_bound;
+#[cfg(feature = "datapath")]
+mod windows;
 
 use crate::harness::Test;
 
@@ -20,6 +22,8 @@ pub fn all() -> Vec<Test> {
     tests.extend(datapath::tests());
     #[cfg(feature = "datapath")]
     tests.extend(queue_bound::tests());
+    #[cfg(feature = "datapath")]
+    tests.extend(windows::tests());
     tests
 }
 
