@@ -4,7 +4,7 @@
 # services, one is put in place for the duration of the install.
 set -euo pipefail
 PKGS=(containerd runc containernetworking-plugins iptables conntrack busybox-static openssl iproute2 util-linux
-      curl python3 jq)
+      curl python3 jq chrony)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed' || missing+=("$p")

@@ -46,12 +46,19 @@ link=$(ip -o link show | awk -F': ' '$2 != "lo" {print $2; exit}')
 ip addr add "$NODE_IP/$NODE_PREFIX" dev eth0
 ip link set eth0 up
 sysctl -qw net.ipv4.ip_forward=1 net.bridge.bridge-nf-call-iptables=1
+# The clock: stepped to this machine's before anything reads it (it starts from the emulated RTC's whole
+# seconds), then kept there, as NTP keeps a real node's (vm.sh, vm_time_server).
+mkdir -p -m 0750 /run/chrony
+chronyd -q -t 20 -u root "server $NTP_SERVER port $NTP_PORT iburst minpoll -4 maxpoll -4" >>"$LOGS/chronyd.log" 2>&1 ||
+  say "chronyd could not set the clock from $NTP_SERVER:$NTP_PORT"
+printf 'server %s port %s minpoll 0 maxpoll 4\nmakestep 0.1 -1\n' "$NTP_SERVER" "$NTP_PORT" >/run/chrony.conf
 
 start() { # NAME CMD...
   local name=$1; shift
   setsid "$@" </dev/null >>"$LOGS/$name.log" 2>&1 &
   echo $! >"/run/$name.pid"
 }
+start chronyd chronyd -d -u root -f /run/chrony.conf
 start containerd containerd --config "$NODE_DIR/containerd.toml"
 for _ in $(seq 1 300); do ctr version >/dev/null 2>&1 && break; sleep 0.1; done
 for f in "$IO"/images/*.tar; do ctr -n k8s.io images import "$f" >/dev/null 2>>"$LOGS/init.log" || say "import $f failed"; done

@@ -18,6 +18,12 @@ VM_MEM_MIB=${ISTHMUS_VM_MEM_MIB:-2560}
 VM_GUEST=$CLUSTER_HOME/lib/vm-guest.sh
 REPO_ROOT=$(cd "$CLUSTER_HOME/../.." && pwd)
 
+# The guests' clocks follow this machine's through NTP (chrony): a guest's kernel starts from the emulated RTC,
+# which holds whole seconds, and two bookworm nodes booted together read 1.35 s and 0.82 s behind this machine
+# (2026-11-29, `chronyd -Q` in each), so a schedule's phases changed half a second apart on the two. Real nodes
+# run NTP; so do these, against a server on the bridge that never sets this machine's clock (-x).
+VM_NTP_PORT=10123
+
 vm_tap() { echo "isth-t$1"; }
 # Locally administered and distinct per node (QEMU would give every guest the same default address).
 vm_mac() { printf '52:54:00:18:00:%02x' "$1"; }
@@ -96,6 +102,8 @@ CLUSTER_DIR=$CLUSTER_DIR
 K8S_BIN=$K8S_BIN
 MODULES=$VM_ENTRY/lib/modules/$VM_RELEASE
 RELEASE=$VM_RELEASE
+NTP_SERVER=$BRIDGE_IP
+NTP_PORT=$VM_NTP_PORT
 EOF
   cat >"$d/cni-template.json" <<EOF
 {"cniVersion": "1.0.0", "name": "isthmus", "plugins": [
@@ -162,6 +170,19 @@ mode: iptables
 clusterCIDR: $CLUSTER_CIDR
 nodePortAddresses: ["$NODE_NET.0/24"]
 EOF
+}
+
+# The nodes' time source: chronyd serving this machine's clock on the bridge only, without touching it.
+vm_time_server() {
+  cat >"$CLUSTER_DIR/chrony-server.conf" <<EOF
+local stratum 8
+allow $NODE_NET.0/24
+bindaddress $BRIDGE_IP
+port $VM_NTP_PORT
+cmdport 0
+pidfile $CLUSTER_DIR/chronyd.pid
+EOF
+  start_bg chronyd chronyd -x -d -u root -f "$CLUSTER_DIR/chrony-server.conf"
 }
 
 vm_boot() { # I: starts the guest, detached; its console goes to logs/<node>-console.log
@@ -238,6 +259,7 @@ vm_up() { # NODES CONTROL_PLANE_ONLY
     vm_node_config "$i"
   done
   control_plane_up "$BRIDGE_IP"
+  vm_time_server
   for ((i = 1; i <= nodes; i++)); do vm_boot "$i"; done
   log "booted $nodes $VM_KERNEL guest(s) ($VM_RELEASE); waiting for their kubelets"
   wait_nodes_ready vm_node_exec vm 180 180
@@ -255,7 +277,7 @@ vm_down() {
   local vms=()
   for i in $(node_indices); do vms+=("$(node_name "$i")-vm"); done
   stop_pids KILL "${vms[@]}"
-  stop_pids KILL kube-scheduler kube-controller-manager kube-apiserver etcd
+  stop_pids KILL kube-scheduler kube-controller-manager kube-apiserver etcd chronyd
   for i in $(node_indices); do ip link del "$(vm_tap "$i")" 2>/dev/null; done
   ip route show | awk '/^198\.19\./ {print $1}' | while read -r r; do ip route del "$r"; done
   ip route del unreachable "$RESERVED_RANGE" 2>/dev/null

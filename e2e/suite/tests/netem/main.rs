@@ -50,6 +50,7 @@ const SCENARIOS: &[Scenario] = &[
     ("topology_matrix", scenarios::topology::topology_matrix),
     ("schedule_switches_phases", scenarios::schedule::schedule_switches_phases),
     ("flap_drops_all_while_down", scenarios::schedule::flap_drops_all_while_down),
+    ("both_nodes_switch_together", scenarios::schedule::both_nodes_switch_together),
     ("trace_caps_each_window", scenarios::schedule::trace_caps_each_window),
 ];
 

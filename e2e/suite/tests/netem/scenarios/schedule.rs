@@ -10,6 +10,14 @@
 //!   on to its end was lost (netem's 100 % loss drops each one; load cannot), that instant at most a second in;
 //!   in every later up phase at least one probe came back.
 //!
+//! - `both_nodes_switch_together`: one link whose two directions change on two nodes, `client → server` on the
+//!   client's (5 ↔ 20 ms) and `server → client` on the server's (5 ↔ 150 ms), five seconds each, probed every
+//!   20 ms. The round trip tells which node's change is in force: 10 ms neither, 25 the client's only, 155 the
+//!   server's only, 170 both. In every far phase both were in force from at most a second in to its end (each
+//!   node, as above); in every later near phase at least one probe came back under 25 ms (both reverted).
+//!   Reported against the issue's 100 ms: how long after the first node's change the second's was in force, the
+//!   nodes' clock skew included (to the probes' 20 ms plus the forward leg's 20 ms).
+//!
 //! - `trace_caps_each_window`: a bandwidth trace (a ConfigMap labelled `isthmus.dev/trace`) of 1 s windows,
 //!   two at 1.2 Mbit/s then two at 6 Mbit/s, looping; TCP bulk from the client with the bytes the server
 //!   acknowledged sampled every 50 ms on the client's clock. Acknowledgements are never early, so at every sample
@@ -89,16 +97,28 @@ fn on_schedule(
     name: &str,
     schedule: &str,
     phase_ms: f64,
-    mut judge: impl FnMut(i64, f64, &[Sample]) -> bool,
+    judge: impl FnMut(i64, f64, &[Sample]) -> bool,
 ) -> usize {
     let spec = format!("{}{schedule}", one_way_spec("client", "server", "{latency: 10ms}"));
-    let link = f.link(name, &spec);
+    on_spec(f, name, &spec, phase_ms, RttRun::new(600).interval_ms(50), judge)
+}
+
+/// [`on_schedule`] with the link's whole `spec` and the probes' `run` (with samples).
+fn on_spec(
+    f: &Fixture,
+    name: &str,
+    spec: &str,
+    phase_ms: f64,
+    run: RttRun,
+    mut judge: impl FnMut(i64, f64, &[Sample]) -> bool,
+) -> usize {
+    let link = f.link(name, spec);
     let created = f.ns.json(&["get", "networklink", name])["metadata"]["creationTimestamp"]
         .as_str()
         .map(unix_seconds)
         .expect("the link's creationTimestamp");
     let start_ms = (created * 1000) as f64 + START_AFTER_MS;
-    let r = f.ns.rtt_run(&f.client.name, &f.server.ip, RttRun::new(600).interval_ms(50).samples());
+    let r = f.ns.rtt_run(&f.client.name, &f.server.ip, run.samples());
     println!("{name}: {}", r.describe());
     let started = r.0["started_unix_ms"].as_f64().expect("started_unix_ms");
     let samples: Vec<Sample> = r.samples().into_iter().map(|(sent, rtt)| (started + sent - start_ms, rtt)).collect();
@@ -118,13 +138,78 @@ fn on_schedule(
 
 /// Gates that phase `k` (`what`) was in force from at most a second after it began to its end: every probe from
 /// some instant on meets `in_force`. Reports that instant against the issue's 100 ms.
-fn switched(k: i64, what: &str, from: f64, inside: &[Sample], in_force: impl Fn(Option<f64>) -> bool) {
-    let switch = inside.iter().rposition(|s| !in_force(s.1)).map_or(0, |i| i + 1);
-    let Some(at) = inside.get(switch).map(|s| s.0 - from) else {
+fn switched(k: i64, what: &str, from: f64, inside: &[Sample], in_force: impl Fn(Option<f64>) -> bool) -> f64 {
+    let Some(at) = in_force_from(inside, in_force).map(|t| t - from) else {
         panic!("phase {k} ({what}): no probe from some instant on shows it in force: {inside:?}")
     };
     at_most(&format!("phase {k}: ms from its start to {what} for good"), at, WITHIN_MS, "a second");
     report(&format!("phase {k}: switch to {what}, ms late"), at, (0.0, QUIET_BOUND_MS), "issue 17's bound");
+    at
+}
+
+/// When the probe after the last one that does not meet `in_force` was sent (`None`: the last one does not):
+/// load only lengthens a round trip, so a floor met from then on is a change in force, not a spike.
+fn in_force_from(inside: &[Sample], in_force: impl Fn(Option<f64>) -> bool) -> Option<f64> {
+    let switch = inside.iter().rposition(|s| !in_force(s.1)).map_or(0, |i| i + 1);
+    inside.get(switch).map(|s| s.0)
+}
+
+/// One way on each node, in ms: near and far phases of `client → server` (the client's node) and of
+/// `server → client` (the server's).
+const CLIENT_NODE_MS: (f64, f64) = (5.0, 20.0);
+const SERVER_NODE_MS: (f64, f64) = (5.0, 150.0);
+const PHASE_MS: f64 = 5_000.0;
+/// The end of a phase whose probes are not judged in it: their replies leave the server's node after the phase
+/// ended (sent up to the forward leg's 20 ms and the path's own before it, which a busy node stretches).
+const REPLY_TAIL_MS: f64 = 200.0;
+
+pub fn both_nodes_switch_together(f: &Fixture) {
+    let ((cn, cf), (sn, sf)) = (CLIENT_NODE_MS, SERVER_NODE_MS);
+    let spec = format!(
+        "  from: {{podSelector: {{matchLabels: {{app: client}}}}}}\n  to: {{podSelector: {{matchLabels: {{app: server}}}}}}\n\
+         \x20 impairment: {{latency: {cn}ms}}\n  reverse: {{latency: {sn}ms}}\n  schedule:\n    start: 10s\n    phases:\n\
+         \x20     - {{name: near, duration: {PHASE_MS}ms, impairment: {{latency: {cn}ms}}, reverse: {{latency: {sn}ms}}}}\n\
+         \x20     - {{name: far, duration: {PHASE_MS}ms, impairment: {{latency: {cf}ms}}, reverse: {{latency: {sf}ms}}}}\n"
+    );
+    // Floors: the least round trip once either node's far phase is in force, and once both are.
+    let (either, both) = (delay_floor(cf + sn).min(delay_floor(cn + sf)), delay_floor(cf + sf));
+    let server_only = delay_floor(cn + sf);
+    let judged_far = on_spec(f, "two-nodes", &spec, PHASE_MS, RttRun::new(1_500).interval_ms(20), |k, from, inside| {
+        // A probe sent in a phase's last moments meets the next phase on its way back.
+        let inside = &inside[..inside.partition_point(|s| s.0 < from + PHASE_MS - REPLY_TAIL_MS)];
+        if k % 2 == 1 {
+            let last = switched(k, "far on both nodes", from, inside, |rtt| rtt.is_some_and(|rtt| rtt >= both));
+            let first = in_force_from(inside, |rtt| rtt.is_some_and(|rtt| rtt >= either)).map_or(last, |t| t - from);
+            // Between the two, a round trip of the server's far phase alone says which node changed first.
+            let between: Vec<&Sample> = inside.iter().filter(|s| s.0 - from >= first && s.0 - from < last).collect();
+            let server_first = between.iter().filter(|s| s.1.is_some_and(|rtt| rtt >= server_only)).count();
+            let order = match between.len() {
+                0 => "within one probe of each other",
+                n if 2 * server_first > n => "the server's node first",
+                _ => "the client's node first",
+            };
+            println!("phase {k}: far in force on the first node {first:.0} ms in, on both {last:.0} ms in ({order})");
+            report(
+                &format!("phase {k}: ms from one node's switch to the other's"),
+                last - first,
+                (0.0, QUIET_BOUND_MS),
+                "issue 17's bound, clock skew included",
+            );
+            true
+        } else {
+            if k > 0 {
+                let back = inside.iter().filter(|s| s.1.is_some_and(|rtt| rtt < either)).count();
+                at_least(
+                    &format!("phase {k} (near): probes under both nodes' far floor"),
+                    back as f64,
+                    1.0,
+                    "both reverted",
+                );
+            }
+            false
+        }
+    });
+    assert!(judged_far >= 2, "too few far phases inside the probes to judge: {judged_far}");
 }
 
 /// The trace: opportunities per second in each 1 s window of its 4 s period.
