@@ -269,6 +269,19 @@ pub struct Counters {
     pub backlog_bytes: u64,
 }
 
+/// Two queues' counters as one queue's, when one takes over the other: the totals add, and so do the backlogs (the
+/// packets of both now wait in one queue).
+impl std::ops::AddAssign for Counters {
+    fn add_assign(&mut self, other: Counters) {
+        self.packets += other.packets;
+        self.bytes += other.bytes;
+        self.drops += other.drops;
+        self.overlimits += other.overlimits;
+        self.backlog_packets += other.backlog_packets;
+        self.backlog_bytes += other.backlog_bytes;
+    }
+}
+
 /// What is installed for one destination of one pod, read back from the kernel.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -109,13 +109,7 @@ impl<P: Packet> Emulator<P> {
             }
             _ => return false,
         }
-        let (c, o) = (&mut self.counters, std::mem::take(&mut old.counters));
-        c.packets += o.packets;
-        c.bytes += o.bytes;
-        c.drops += o.drops;
-        c.overlimits += o.overlimits;
-        c.backlog_packets += o.backlog_packets;
-        c.backlog_bytes += o.backlog_bytes;
+        self.counters += std::mem::take(&mut old.counters);
         true
     }
 

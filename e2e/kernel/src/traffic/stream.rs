@@ -1,55 +1,18 @@
-//! Bounded traffic between the test namespaces and what it measures.
-//!
-//! Both ends run in the same guest kernel, so a sender timestamp in the payload gives the exact one-way
-//! delay (no return path to subtract). Every datagram carries a sequence number and a checksum over its
-//! whole payload, so one stream yields delay, loss, duplication, corruption and reordering.
-//! Every loop here is bounded in packets and in time.
+//! A UDP stream from one namespace to a destination in the other, and what its receiver saw.
 
-use std::io::{ErrorKind, Read, Write};
-use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
+use std::io::ErrorKind;
+use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
+use super::{HEADER, TRAILER, fnv1a, now_ns, set_int_opt};
 use crate::netns::{Link, SOURCE_ADDR};
 use crate::stats::Summary;
-
-const HEADER: usize = 16; // seq u32, packets in the stream u32, send time u64
-const TRAILER: usize = 8; // FNV-1a over everything before it
-/// Ethernet + IPv4 + UDP headers: what TBF counts on a veth besides the payload.
-pub const UDP_L2_OVERHEAD: usize = 14 + 20 + 8;
-
-/// The clock of every arrival's `sent_ns` and `received_ns`: nanoseconds since the first reading in this process.
-pub fn now_ns() -> u64 {
-    static EPOCH: OnceLock<Instant> = OnceLock::new();
-    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
-}
-
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
-}
-
-fn set_int_opt(sock: &impl AsRawFd, level: i32, name: i32, value: i32) -> anyhow::Result<()> {
-    // SAFETY: plain setsockopt with a pointer to a live i32 and its size.
-    let rc = unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            level,
-            name,
-            (&value as *const i32).cast(),
-            std::mem::size_of::<i32>() as libc::socklen_t,
-        )
-    };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error()).with_context(|| format!("setsockopt({level}, {name})"));
-    }
-    Ok(())
-}
 
 #[derive(Debug, Clone)]
 pub struct StreamSpec {
@@ -349,187 +312,6 @@ fn receive(
     Ok(Received { arrivals, corrupted, drops: socket_drops(&socket)? })
 }
 
-/// The guest's CPU time, all CPUs together (`/proc/stat`'s first line, in clock ticks).
-#[derive(Debug, Clone, Copy)]
-pub struct CpuTimes {
-    busy: u64,
-    total: u64,
-}
-
-impl CpuTimes {
-    pub fn now() -> anyhow::Result<CpuTimes> {
-        let stat = std::fs::read_to_string("/proc/stat").context("reading /proc/stat")?;
-        CpuTimes::parse(stat.lines().next().context("an empty /proc/stat")?)
-    }
-
-    /// From `/proc/stat`'s `cpu` line.
-    fn parse(line: &str) -> anyhow::Result<CpuTimes> {
-        let ticks = line
-            .split_whitespace()
-            .skip(1)
-            .map(|t| t.parse::<u64>().with_context(|| format!("/proc/stat's cpu line {line:?}")))
-            .collect::<anyhow::Result<Vec<u64>>>()?;
-        // user nice system idle iowait …: idle and iowait are the CPU's own waiting
-        let waiting = ticks.get(3).copied().unwrap_or(0) + ticks.get(4).copied().unwrap_or(0);
-        let total = ticks.iter().sum::<u64>();
-        Ok(CpuTimes { busy: total - waiting, total })
-    }
-
-    /// The busy share (0–1) of the CPU time since `earlier`.
-    pub fn busy_since(&self, earlier: CpuTimes) -> f64 {
-        let total = self.total.saturating_sub(earlier.total);
-        if total == 0 { 0.0 } else { self.busy.saturating_sub(earlier.busy) as f64 / total as f64 }
-    }
-}
-
-/// Packets the kernel dropped from its per-CPU input backlogs (`/proc/net/softnet_stat`, second column, all
-/// CPUs): what a veth hands on faster than the receiving side takes it. The whole guest's, not one namespace's.
-pub fn backlog_drops() -> anyhow::Result<u64> {
-    let table = std::fs::read_to_string("/proc/net/softnet_stat").context("reading /proc/net/softnet_stat")?;
-    table
-        .lines()
-        .map(|line| {
-            let column = line.split_whitespace().nth(1).context("softnet_stat line without a drop column")?;
-            u64::from_str_radix(column, 16).with_context(|| format!("softnet_stat drop column {column:?}"))
-        })
-        .sum()
-}
-
-/// TCP bulk transfer from `a` to a destination in `b` for a bounded time.
-pub struct Bulk {
-    client: JoinHandle<anyhow::Result<u64>>,
-    server: JoinHandle<anyhow::Result<(u64, Duration)>>,
-}
-
-#[derive(Debug, Clone, Copy)]
-pub struct BulkResult {
-    pub bytes: u64,
-    pub goodput_bps: f64,
-}
-
-impl Bulk {
-    pub fn start(link: &Link, destination: Ipv4Addr, port: u16, duration: Duration) -> anyhow::Result<Bulk> {
-        let at = SocketAddrV4::new(destination, port);
-        let listener = link.b.enter(move || {
-            let l = TcpListener::bind(at).with_context(|| format!("listening on {at}"))?;
-            l.set_nonblocking(true)?;
-            Ok(l)
-        })?;
-        let deadline = Instant::now() + duration + Duration::from_secs(10);
-        let server = std::thread::spawn(move || -> anyhow::Result<(u64, Duration)> {
-            let mut conn = loop {
-                match listener.accept() {
-                    Ok((c, _)) => break c,
-                    Err(e) if e.kind() == ErrorKind::WouldBlock && Instant::now() < deadline => {
-                        std::thread::sleep(Duration::from_millis(5))
-                    }
-                    Err(e) => return Err(e).context("accepting the bulk connection"),
-                }
-            };
-            conn.set_nonblocking(false)?;
-            conn.set_read_timeout(Some(Duration::from_millis(200)))?;
-            let mut buf = vec![0u8; 1 << 16];
-            let (mut bytes, mut first, mut last) = (0u64, None, Instant::now());
-            while Instant::now() < deadline {
-                match conn.read(&mut buf) {
-                    Ok(0) => break,
-                    Ok(n) => {
-                        first.get_or_insert_with(Instant::now);
-                        last = Instant::now();
-                        bytes += n as u64;
-                    }
-                    Err(e)
-                        if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {
-                    }
-                    Err(e) => return Err(e).context("reading the bulk stream"),
-                }
-            }
-            Ok((bytes, first.map(|f| last - f).unwrap_or_default()))
-        });
-        let client_ns = link.a.enter(move || {
-            let s = TcpStream::connect_timeout(&at.into(), Duration::from_secs(5))
-                .with_context(|| format!("connecting to {at}"))?;
-            s.set_write_timeout(Some(Duration::from_millis(100)))?;
-            Ok(s)
-        });
-        let mut conn = match client_ns {
-            Ok(c) => c,
-            Err(e) => {
-                let _ = server.join();
-                return Err(e);
-            }
-        };
-        let client = std::thread::spawn(move || -> anyhow::Result<u64> {
-            let buf = vec![0x5au8; 1 << 16];
-            let end = Instant::now() + duration;
-            let mut written = 0u64;
-            while Instant::now() < end {
-                match conn.write(&buf) {
-                    Ok(n) => written += n as u64,
-                    Err(e)
-                        if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {
-                    }
-                    Err(e) => return Err(e).context("writing the bulk stream"),
-                }
-            }
-            // unsent data is dropped with the socket: the server counts what arrived
-            let _ = conn.shutdown(std::net::Shutdown::Both);
-            Ok(written)
-        });
-        Ok(Bulk { client, server })
-    }
-
-    pub fn finish(self) -> anyhow::Result<BulkResult> {
-        self.client.join().map_err(|_| anyhow::anyhow!("bulk client panicked"))??;
-        let (bytes, span) = self.server.join().map_err(|_| anyhow::anyhow!("bulk server panicked"))??;
-        let goodput_bps = if span.is_zero() { 0.0 } else { bytes as f64 * 8.0 / span.as_secs_f64() };
-        Ok(BulkResult { bytes, goodput_bps })
-    }
-}
-
-/// UDP datagrams of `payload` bytes from `a` to each of `destinations` in turn for `duration`, at most
-/// `max_packets` spread evenly over it (as fast as the sender can where it cannot keep up); nobody receives them. Returns the datagrams handed to the
-/// kernel (a qdisc's drop is not a send error for UDP). The socket never blocks and its send buffer is 64 MiB:
-/// packets a TBF holds stay charged to it (netem's are not), and a full buffer would pace the whole flood to the
-/// slowest destination.
-pub fn flood(
-    link: &Link,
-    destinations: &[Ipv4Addr],
-    port: u16,
-    payload: usize,
-    duration: Duration,
-    max_packets: u64,
-) -> anyhow::Result<u64> {
-    let socket = link.a.enter(|| {
-        let s = UdpSocket::bind(SocketAddrV4::new(SOURCE_ADDR, 0))?;
-        set_int_opt(&s, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, 64 << 20)?;
-        s.set_nonblocking(true)?;
-        Ok(s)
-    })?;
-    let targets: Vec<SocketAddrV4> = destinations.iter().map(|d| SocketAddrV4::new(*d, port)).collect();
-    if targets.is_empty() {
-        bail!("a flood needs a destination");
-    }
-    let buf = vec![0x5au8; payload];
-    let start = Instant::now();
-    let mut sent = 0u64;
-    while sent < max_packets {
-        let elapsed = start.elapsed();
-        if elapsed >= duration {
-            break;
-        }
-        let due = (u128::from(max_packets) * elapsed.as_nanos() / duration.as_nanos()) as u64;
-        if sent > due {
-            std::thread::sleep(Duration::from_millis(1));
-            continue;
-        }
-        if socket.send_to(&buf, targets[(sent % targets.len() as u64) as usize]).is_ok() {
-            sent += 1;
-        }
-    }
-    Ok(sent)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -540,16 +322,6 @@ mod tests {
             sent_ns: u64::from(seq) * 1_000_000,
             received_ns: u64::from(seq) * 1_000_000 + delay_ms * 1_000_000,
         }
-    }
-
-    #[test]
-    fn cpu_busy_share_leaves_out_idle_and_iowait() {
-        let before = CpuTimes::parse("cpu  100 0 50 800 50 0 0 0 0 0").expect("a cpu line");
-        let after = CpuTimes::parse("cpu  160 0 70 900 70 0 0 0 0 0").expect("a cpu line");
-        // 80 busy ticks (user 60, system 20) of 200
-        assert!((after.busy_since(before) - 0.4).abs() < 1e-9);
-        assert_eq!(before.busy_since(before), 0.0);
-        assert!(CpuTimes::parse("cpu  1 x 3").is_err());
     }
 
     fn result(sent: u32, seqs: &[u32]) -> StreamResult {
@@ -588,13 +360,5 @@ mod tests {
         let r = StreamResult { sent: 100, payload: 1000, arrivals, ..Default::default() };
         let bps = r.goodput_bps(Duration::from_millis(20)).unwrap();
         assert!((bps - 8e6).abs() < 1.0, "{bps}");
-    }
-
-    #[test]
-    fn checksum_detects_a_flipped_bit() {
-        let mut data = vec![7u8; 64];
-        let sum = fnv1a(&data);
-        data[40] ^= 0x10;
-        assert_ne!(fnv1a(&data), sum);
     }
 }
