@@ -5,7 +5,8 @@
 //! - `sample` (pure): which pairs, at most `--probe-pairs-per-link` per link direction;
 //! - `pacing` (pure): when, under the `--probe-rate` ceiling, with jitter and a quarter of baseline probes,
 //!   and each probe's timeout;
-//! - `window` (pure): tumbling windows of `--probe-window`, and ICMP → TCP SYN fallback;
+//! - `window` (pure): tumbling windows of `--probe-window`, cut at a scheduled link's phases, and ICMP → TCP SYN
+//!   fallback;
 //! - `socket`: raw ICMP and TCP SYN probes;
 //! - `run`: the loop that ties them to the node's applied plan.
 //!
@@ -18,10 +19,13 @@ mod sample;
 mod socket;
 mod window;
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use isthmus_agent_api::LinkRef;
 use isthmus_agent_api::measure::MeasuredState;
+use isthmus_agent_api::schedule::Timeline;
 
 pub use self::pacing::ProbePath;
 pub use self::sample::ProbeFilter;
@@ -49,12 +53,15 @@ pub struct ProbePod {
     pub destinations: Vec<Destination>,
 }
 
-/// What the prober works from: the pods whose plan applied, with the plan's filter. Replaced by every plan.
+/// What the prober works from: the pods whose plan applied, with the plan's filter and timelines. Replaced by
+/// every plan.
 #[derive(Debug, Clone, Default)]
 pub struct ProbeView {
     pub version: u64,
     pub pods: Vec<ProbePod>,
     pub filter: ProbeFilter,
+    /// The link directions that change with time (their windows are cut at their phases).
+    pub timelines: BTreeMap<LinkRef, Arc<Timeline>>,
 }
 
 /// The node's last measurements, as `GET /v1/measured` serves them.

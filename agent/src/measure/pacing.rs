@@ -89,9 +89,13 @@ impl Pacer {
 /// impairment (on the destination's node) is not known here; four times the forward one covers a symmetric
 /// link with room to spare, and a link that is much slower backwards reads as loss, which the operator reports.
 pub fn timeout(impairment: &Impairment) -> Duration {
+    (MIN_TIMEOUT + one_way(impairment).saturating_mul(4)).min(MAX_TIMEOUT)
+}
+
+/// The longest one-way delay `impairment` adds: latency plus jitter.
+pub fn one_way(impairment: &Impairment) -> Duration {
     let fields = impairment.fields();
-    let one_way = fields.latency.unwrap_or_default() + fields.jitter.unwrap_or_default();
-    (MIN_TIMEOUT + one_way.saturating_mul(4)).min(MAX_TIMEOUT)
+    fields.latency.unwrap_or_default() + fields.jitter.unwrap_or_default()
 }
 
 /// Whether the link drops every packet: its probes are never answered, which is what it was asked for, so it

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use super::pacing::{self, Pacer, ProbePath, Slot};
 use super::sample::{Pair, SourcePod, sample};
 use super::socket::{self, EchoReply, IcmpSocket};
-use super::window::Windows;
+use super::window::{Probed, Windows};
 use super::{ProbeConfig, ProbeView};
 use crate::metrics::Metrics;
 use crate::netns::{Netns, NetnsId};
@@ -140,23 +140,26 @@ impl Prober {
         let sources: Vec<SourcePod<'_>> =
             view.pods.iter().map(|p| SourcePod { uid: &p.uid, destinations: &p.destinations }).collect();
         let pairs = sample(&sources, &view.filter, self.config.pairs_per_link);
-        let mut links: BTreeMap<Arc<LinkRef>, (u32, bool)> = BTreeMap::new();
+        let mut links: BTreeMap<Arc<LinkRef>, Probed> = BTreeMap::new();
         for pair in &pairs {
-            let entry = links.entry(pair.link.clone()).or_insert((0, true));
-            entry.0 += 1;
-            entry.1 &= pacing::drops_everything(&pair.impairment);
+            let entry = links.entry(pair.link.clone()).or_insert_with(|| Probed {
+                link: pair.link.clone(),
+                pairs: 0,
+                drops_everything: true,
+                one_way: Duration::ZERO,
+                timeline: view.timelines.get(&*pair.link).cloned(),
+            });
+            entry.pairs += 1;
+            entry.drops_everything &= pacing::drops_everything(&pair.impairment);
+            entry.one_way = entry.one_way.max(pacing::one_way(&pair.impairment));
         }
-        self.windows.set_links(links.iter().map(|(link, (pairs, drops))| (link.clone(), *pairs, *drops)));
+        self.windows.set_links(links.values().cloned());
         self.metrics.probes.retain(&links.keys().map(|l| &**l).collect::<HashSet<&LinkRef>>());
         self.pending.retain(|_, p| links.contains_key(&p.link));
 
         self.targets = pairs
             .into_iter()
-            .map(|pair| Target {
-                netns: view.pods[pair.pod].netns.clone(),
-                timeout: pacing::timeout(&pair.impairment),
-                pair,
-            })
+            .map(|pair| Target { netns: view.pods[pair.pod].netns.clone(), timeout: timeout(&view, &pair), pair })
             .collect();
         let mut old = std::mem::take(&mut self.pods);
         let mut failures: Vec<(Arc<LinkRef>, String)> = Vec::new();
@@ -295,4 +298,12 @@ async fn open_family(
     let id = (std::process::id() as u16).wrapping_add((*next_key as u16).wrapping_mul(0x9e37));
     *slot = Some(IcmpSocket::start(raw, *next_key, id, replies.clone())?);
     Ok(())
+}
+
+/// How long a pair's probe waits for its answer: as its link's own impairment needs, or for a link that changes
+/// with time, its slowest phase.
+fn timeout(view: &ProbeView, pair: &Pair) -> Duration {
+    let own = pacing::timeout(&pair.impairment);
+    let phases = view.timelines.get(&*pair.link).map(|t| t.phases()).unwrap_or_default();
+    phases.iter().map(|p| pacing::timeout(&p.impairment)).fold(own, Duration::max)
 }

@@ -6,6 +6,11 @@
 //! complete window — unless no probe of the link was sent in it (a small budget spread over many pairs probes
 //! each pair less often than once a window), in which case the previous one stays.
 //!
+//! A link that changes with time (`spec.schedule`) has its windows cut at its phases: a probe counts only from
+//! [`PHASE_SETTLE`] after a change of phase to that long (plus the phase's latency out) before the next one, so
+//! that every window lies inside one phase and the operator can judge it against that phase's impairment. The
+//! bounds follow from the timeline and the instant alone, so the windows of every node still agree.
+//!
 //! Probe kind: ICMP echo first. A window in which the link's impaired probes were sent and none was answered
 //! switches the link to TCP SYN for the next window; a TCP window without any answer reports the link
 //! `Unmeasurable{NoAnswer}` and goes back to ICMP. A link that drops everything by configuration stays on ICMP
@@ -17,8 +22,15 @@ use std::time::Duration;
 
 use isthmus_agent_api::LinkRef;
 use isthmus_agent_api::measure::{LinkMeasurement, ProbeKind, ProbeWindow, Unmeasurable, UnmeasurableReason};
+use isthmus_agent_api::schedule::{Position, Timeline};
 
-use super::pacing::ProbePath;
+use super::pacing::{self, ProbePath};
+
+/// How long after a change of phase a scheduled link's probes count again, and how long (plus the phase's one-way
+/// latency out, after which a probe would meet the next phase on its way back) before the next change they stop:
+/// the agents at the link's two ends each switch within this of the instant on clocks kept by NTP
+/// (docs/networklink.md#schedule).
+pub const PHASE_SETTLE: Duration = Duration::from_secs(1);
 
 /// One link direction's probes in one window.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -37,14 +49,31 @@ impl Tally {
     }
 }
 
+/// One link direction to probe, as the plan in force has it.
+#[derive(Debug, Clone)]
+pub struct Probed {
+    pub link: Arc<LinkRef>,
+    /// Sampled pairs on this node.
+    pub pairs: u32,
+    /// The link's own impairment drops every packet: no fallback.
+    pub drops_everything: bool,
+    /// The link's own one-way latency out (latency + jitter).
+    pub one_way: Duration,
+    /// The link direction's timeline, when its impairment changes with time.
+    pub timeline: Option<Arc<Timeline>>,
+}
+
 /// What the node knows of one link direction between windows.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LinkState {
     pub kind: ProbeKind,
     /// Sampled pairs on this node.
     pub pairs: u32,
-    /// The link drops every packet by configuration: no fallback.
+    /// The link's own impairment drops every packet by configuration: no fallback.
     pub drops_everything: bool,
+    /// As [`Probed`] has them.
+    pub one_way: Duration,
+    pub timeline: Option<Arc<Timeline>>,
     /// Why the probes could not be sent (a socket that could not be opened), until the next plan.
     pub failure: Option<String>,
     pub unmeasurable: Option<Unmeasurable>,
@@ -53,16 +82,67 @@ pub struct LinkState {
 }
 
 impl LinkState {
-    pub fn new(pairs: u32, drops_everything: bool) -> Self {
-        LinkState { kind: ProbeKind::IcmpEcho, pairs, drops_everything, failure: None, unmeasurable: None, last: None }
+    fn new(p: &Probed) -> Self {
+        LinkState {
+            kind: ProbeKind::IcmpEcho,
+            pairs: p.pairs,
+            drops_everything: p.drops_everything,
+            one_way: p.one_way,
+            timeline: p.timeline.clone(),
+            failure: None,
+            unmeasurable: None,
+            last: None,
+        }
     }
+
+    /// Whether the impairment in force over the window from `start_ms` drops every packet.
+    fn drops_everything_at(&self, start_ms: u64) -> bool {
+        match self.timeline.as_deref().map(|t| (t, t.position(start_ms))) {
+            Some((t, Position::In { phase, .. })) => pacing::drops_everything(&t.phases()[phase].impairment),
+            _ => self.drops_everything,
+        }
+    }
+}
+
+/// The window a probe sent at `sent_ms` counts in, `[start, end)`: the one of `length_ms` aligned on the epoch, and
+/// for a link with a timeline (`one_way`: its own latency out) cut to its phase less [`PHASE_SETTLE`] after the
+/// phase's start and less that and the phase's latency out before its end. `None`: the probe was sent too near a
+/// change to count.
+pub fn window_bounds(length_ms: u64, schedule: Option<(&Timeline, Duration)>, sent_ms: u64) -> Option<(u64, u64)> {
+    let start = sent_ms - sent_ms % length_ms;
+    let (mut from, mut to) = (start, start.saturating_add(length_ms));
+    if let Some((timeline, own_one_way)) = schedule {
+        let settle = PHASE_SETTLE.as_millis() as u64;
+        let (since, next, one_way) = match timeline.position(sent_ms) {
+            Position::Before { next_ms } => (None, Some(next_ms), own_one_way),
+            Position::In { phase, since_ms, next_ms, .. } => {
+                (Some(since_ms), next_ms, pacing::one_way(&timeline.phases()[phase].impairment))
+            }
+            Position::Over { since_ms } => (Some(since_ms), None, own_one_way),
+        };
+        if let Some(since) = since {
+            from = from.max(since.saturating_add(settle));
+        }
+        if let Some(next) = next {
+            to = to.min(next.saturating_sub(settle.saturating_add(one_way.as_millis() as u64)));
+        }
+    }
+    (from <= sent_ms && sent_ms < to).then_some((from, to))
+}
+
+/// A window not yet closed: where it ends, the kind its link was probed with, and the probes.
+#[derive(Debug, Clone)]
+struct Open {
+    end: u64,
+    kind: ProbeKind,
+    tally: Tally,
 }
 
 #[derive(Debug, Clone)]
 pub struct Windows {
     length_ms: u64,
-    /// Open windows by start, each with its links' tallies and the kind each link was probed with.
-    open: BTreeMap<u64, BTreeMap<Arc<LinkRef>, (ProbeKind, Tally)>>,
+    /// Open windows by start and link direction.
+    open: BTreeMap<(u64, Arc<LinkRef>), Open>,
     links: BTreeMap<Arc<LinkRef>, LinkState>,
 }
 
@@ -71,25 +151,32 @@ impl Windows {
         Windows { length_ms: (length.as_millis() as u64).max(1), open: BTreeMap::new(), links: BTreeMap::new() }
     }
 
-    pub fn window_of(&self, at_ms: u64) -> u64 {
-        at_ms - at_ms % self.length_ms
+    /// The window `link`'s probe sent at `sent_ms` counts in ([`window_bounds`]); `None` for an unknown link.
+    pub fn window_of(&self, link: &LinkRef, sent_ms: u64) -> Option<(u64, u64)> {
+        let state = self.links.get(link)?;
+        window_bounds(self.length_ms, state.timeline.as_deref().map(|t| (t, state.one_way)), sent_ms)
     }
 
     /// Makes `links` the probed link directions: new ones start on ICMP, kept ones keep their kind and last
     /// window, and the others (and their open tallies) are forgotten.
-    pub fn set_links(&mut self, links: impl IntoIterator<Item = (Arc<LinkRef>, u32, bool)>) {
+    pub fn set_links(&mut self, links: impl IntoIterator<Item = Probed>) {
         let mut next = BTreeMap::new();
-        for (link, pairs, drops_everything) in links {
-            let mut state = self.links.remove(&link).unwrap_or_else(|| LinkState::new(pairs, drops_everything));
-            state.pairs = pairs;
-            state.drops_everything = drops_everything;
-            state.failure = None;
-            next.insert(link, state);
+        for p in links {
+            let state = match self.links.remove(&p.link) {
+                Some(kept) => LinkState {
+                    pairs: p.pairs,
+                    drops_everything: p.drops_everything,
+                    one_way: p.one_way,
+                    timeline: p.timeline.clone(),
+                    failure: None,
+                    ..kept
+                },
+                None => LinkState::new(&p),
+            };
+            next.insert(p.link, state);
         }
         self.links = next;
-        for tallies in self.open.values_mut() {
-            tallies.retain(|link, _| self.links.contains_key(link));
-        }
+        self.open.retain(|(_, link), _| self.links.contains_key(link));
     }
 
     pub fn kind(&self, link: &LinkRef) -> ProbeKind {
@@ -103,26 +190,19 @@ impl Windows {
         }
     }
 
+    /// A probe went out at `sent_ms`; it counts unless sent too near a change of the link's phase.
     pub fn sent(&mut self, link: &Arc<LinkRef>, path: ProbePath, sent_ms: u64) {
-        if !self.links.contains_key(link) {
-            return;
-        }
+        let Some((start, end)) = self.window_of(link, sent_ms) else { return };
         let kind = self.kind(link);
-        let start = self.window_of(sent_ms);
-        self.open
-            .entry(start)
-            .or_default()
-            .entry(link.clone())
-            .or_insert_with(|| (kind, Tally::default()))
-            .1
-            .path(path)
-            .sent += 1;
+        let open =
+            self.open.entry((start, link.clone())).or_insert_with(|| Open { end, kind, tally: Tally::default() });
+        open.tally.path(path).sent += 1;
     }
 
     /// An answer to a probe sent at `sent_ms`; ignored when its window is already closed or was never opened.
-    pub fn answered(&mut self, link: &LinkRef, path: ProbePath, sent_ms: u64, rtt: Duration, at_ms: u64) {
-        let start = self.window_of(sent_ms);
-        let Some((_, tally)) = self.open.get_mut(&start).and_then(|w| w.get_mut(link)) else { return };
+    pub fn answered(&mut self, link: &Arc<LinkRef>, path: ProbePath, sent_ms: u64, rtt: Duration, at_ms: u64) {
+        let Some((start, _)) = self.window_of(link, sent_ms) else { return };
+        let Some(Open { tally, .. }) = self.open.get_mut(&(start, link.clone())) else { return };
         let window = tally.path(path);
         if window.answered < window.sent {
             window.answered += 1;
@@ -135,23 +215,20 @@ impl Windows {
     /// whether any closed.
     pub fn close(&mut self, now_ms: u64, grace: Duration) -> bool {
         let grace_ms = grace.as_millis() as u64;
-        let mut closed = false;
-        while let Some(entry) = self.open.first_entry() {
-            let start = *entry.key();
-            let end = start + self.length_ms;
-            if now_ms < end + grace_ms {
-                break;
-            }
-            let tallies = entry.remove();
-            closed = true;
-            for (link, state) in &mut self.links {
-                match tallies.get(link) {
-                    Some((kind, tally)) => close_link(state, start, end, *kind, tally.clone()),
-                    None => continue,
-                }
+        // Oldest first, so that a link's last complete window is its latest.
+        let due: Vec<(u64, Arc<LinkRef>)> = self
+            .open
+            .iter()
+            .filter(|(_, o)| now_ms >= o.end.saturating_add(grace_ms))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in &due {
+            let Some(Open { end, kind, tally }) = self.open.remove(key) else { continue };
+            if let Some(state) = self.links.get_mut(&key.1) {
+                close_link(state, key.0, end, kind, tally);
             }
         }
-        closed
+        !due.is_empty()
     }
 
     /// The last complete window of every probed link direction (and the ones that could not be probed).
@@ -190,7 +267,7 @@ fn close_link(state: &mut LinkState, start: u64, end: u64, kind: ProbeKind, tall
     if tally.impaired.sent == 0 && tally.baseline.sent == 0 {
         return;
     }
-    let silent = tally.impaired.sent > 0 && tally.impaired.answered == 0 && !state.drops_everything;
+    let silent = tally.impaired.sent > 0 && tally.impaired.answered == 0 && !state.drops_everything_at(start);
     state.unmeasurable = None;
     if silent {
         match kind {

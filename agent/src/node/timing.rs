@@ -26,6 +26,11 @@ impl Timelines {
         cursor.lock().unwrap_or_else(|p| p.into_inner()).advance(timeline, now_ms)
     }
 
+    /// Every timeline, by link direction, for readers that keep no cursor (the prober).
+    pub fn shared(&self) -> BTreeMap<LinkRef, Arc<Timeline>> {
+        self.0.iter().map(|(link, (timeline, _))| (link.clone(), Arc::new(timeline.clone()))).collect()
+    }
+
     /// Whether `link`'s impairment changes with time.
     pub fn has(&self, link: &LinkRef) -> bool {
         self.0.contains_key(link)

@@ -60,6 +60,10 @@ pub struct DirectionMeasured {
     /// How the round trips were probed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub probe: Option<Probe>,
+    /// For a link that changes with time (`spec.schedule`): the phase the window was probed in, whose impairment
+    /// it was judged against (docs/networklink.md#measured).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
 }
 
 /// How round trips were probed (the agent's [`ProbeKind`], with a schema).

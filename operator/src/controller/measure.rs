@@ -18,7 +18,7 @@ use super::status::{Progress, measured_part, place_measured};
 use super::version::unix_millis;
 use crate::api::NetworkLinkStatus;
 use crate::index::ObjectKey;
-use crate::measure::{Judged, Merged, RoundTrip, judge, merge, unjudged_scheduled};
+use crate::measure::{Judged, Leg, Merged, RoundTrip, judge, merge, phase_path, unjudged_scheduled};
 use crate::metrics::LinkLabels;
 
 /// Whether and how often the agents are asked.
@@ -116,7 +116,14 @@ impl Controller {
         }
         let nodes = &self.nodes;
         m.states.retain(|node, _| nodes.contains(node));
-        m.merged = merge(m.states.values(), unix_millis(), self.ctx.config.measure.interval);
+        // A link that changes with time is judged by the phase its newest window lies in: only the nodes' newest
+        // windows are merged (the agents cut a scheduled direction's windows at its phases; the other direction's
+        // answers cross them too).
+        let index = self.planner.index();
+        let cut = |l: &LinkRef| {
+            index.links.get(&ObjectKey::new(&l.namespace, &l.name)).is_some_and(|i| i.timelines.is_some())
+        };
+        m.merged = merge(m.states.values(), unix_millis(), self.ctx.config.measure.interval, cut);
         let links = &self.links;
         let gone: Vec<LinkLabels> = m
             .exported
@@ -162,18 +169,32 @@ impl Controller {
         // A one-way link's answers come back through whatever the plan applies the other way (a topology's
         // opposite link, a hand-written one), which the prediction must include.
         let way_back = if impairments.reverse.is_none() { self.planner.way_back(key) } else { None };
-        let forward_input = Judged {
-            path: RoundTrip { out: &impairments.forward, back: impairments.reverse.as_ref().or(way_back.as_deref()) },
-            ipv6: false,
-            applied,
+        let timelines = info.and_then(|i| i.timelines.as_ref());
+        let leg = |d: Direction, own| Leg { own, timeline: timelines.and_then(|t| t.of(d)).map(|t| &**t) };
+        let forward_leg = leg(Direction::Forward, &impairments.forward);
+        let reverse_leg = impairments.reverse.as_ref().map(|r| leg(Direction::Reverse, r));
+        let way_back_leg = way_back.as_deref().map(|own| Leg { own, timeline: None });
+        let verdict = |direction, out: Leg<'_>, back: Option<Leg<'_>>| {
+            let input = |path| Judged { path, ipv6: false, applied };
+            let own = RoundTrip { out: out.own, back: back.map(|b| b.own) };
+            let merged = merged(direction);
+            if timelines.is_none() {
+                return judge(input(own), merged);
+            }
+            // A link that changes with time: judged against the phase its last window lies in, if one.
+            match merged.and_then(|m| m.bounds).and_then(|bounds| phase_path(out, back, bounds)) {
+                Some(p) => {
+                    let mut v = judge(input(RoundTrip { out: p.out, back: p.back }), merged);
+                    if let Some(m) = v.measured.as_mut() {
+                        m.phase = p.phase;
+                    }
+                    v
+                }
+                None => unjudged_scheduled(judge(input(own), merged)),
+            }
         };
-        let scheduled = info.is_some_and(|i| i.timelines.is_some());
-        let judged = |verdict| if scheduled { unjudged_scheduled(verdict) } else { verdict };
-        let forward = judged(judge(forward_input, merged(Direction::Forward)));
-        let reverse = impairments.reverse.as_ref().map(|r| {
-            let input = Judged { path: RoundTrip { out: r, back: Some(&impairments.forward) }, ipv6: false, applied };
-            judged(judge(input, merged(Direction::Reverse)))
-        });
+        let forward = verdict(Direction::Forward, forward_leg, reverse_leg.or(way_back_leg));
+        let reverse = reverse_leg.map(|r| verdict(Direction::Reverse, r, Some(forward_leg)));
         let window = [Direction::Forward, Direction::Reverse]
             .into_iter()
             .filter_map(|d| merged(d).map(|m| m.window))

@@ -44,13 +44,15 @@ impl Verdict {
     }
 }
 
-/// The verdict on a direction of a link that changes with time: what was measured stays, the judgment against
-/// the link's own impairment goes (a window spans phases). Nothing measured stays `Unmeasurable`.
+/// The verdict on a direction of a link that changes with time whose last window could not be placed in one
+/// phase (`phase.rs`): what was measured stays, the judgment against the link's own impairment goes. Nothing
+/// measured stays `Unmeasurable`.
 pub fn unjudged_scheduled(v: Verdict) -> Verdict {
     if v.reason == ConformanceReason::Unmeasurable {
         return v;
     }
-    let message = "not judged: the link changes with time (spec.schedule), so a measurement window spans its phases";
+    let message = "not judged: the link changes with time (spec.schedule) and its last window does not lie in one \
+                   phase of both directions (phases shorter than a few seconds leave none that does)";
     Verdict { reason: ConformanceReason::Scheduled, message: message.into(), ..v }
 }
 
@@ -164,6 +166,7 @@ fn measured_fields(m: &Merged, probe: ProbeKind) -> DirectionMeasured {
             .and_then(|ms| k8s_openapi::jiff::Timestamp::from_millisecond(ms as i64).ok())
             .map(|t| Time(k8s_openapi::jiff::Timestamp::from_second(t.as_second()).expect("in range"))),
         probe: Some(probe.into()),
+        phase: None,
     }
 }
 

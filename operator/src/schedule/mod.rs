@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use isthmus_agent_api::schedule::{End, Jitter, Phase, ScheduleError, Timeline, TimelineFields};
-use isthmus_agent_api::{Correlated, Impairment, ImpairmentFields, Loss, Percent};
+use isthmus_agent_api::{Correlated, Direction, Impairment, ImpairmentFields, Loss, Percent};
 
 use crate::api::quantity::{DurationValue, PercentValue};
 use crate::api::{
@@ -29,12 +29,31 @@ pub const DEFAULT_TRACE_WINDOW: Duration = Duration::from_millis(100);
 pub const MIN_TRACE_WINDOW: Duration = Duration::from_millis(10);
 pub const MAX_TRACE_WINDOW: Duration = Duration::from_secs(10);
 
+/// How status and measurements name phase `phase` of `timeline`: its own name (`up`, `step 3`, the user's), else
+/// `phase N` counted from 1.
+pub fn phase_name(timeline: &Timeline, phase: usize) -> String {
+    match timeline.phases()[phase].name.as_str() {
+        "" => format!("phase {}", phase + 1),
+        name => name.to_owned(),
+    }
+}
+
 /// The timelines of a scheduled link: one per direction whose impairment changes (a ramp or a trace may move one
 /// direction only; the other keeps the link's own).
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Timelines {
     pub forward: Option<Arc<Timeline>>,
     pub reverse: Option<Arc<Timeline>>,
+}
+
+impl Timelines {
+    /// The timeline of `direction`, if its impairment changes with time.
+    pub fn of(&self, direction: Direction) -> Option<&Arc<Timeline>> {
+        match direction {
+            Direction::Forward => self.forward.as_ref(),
+            Direction::Reverse => self.reverse.as_ref(),
+        }
+    }
 }
 
 /// The ConfigMap a trace names, as read: `None` when it does not exist, else its data by key.

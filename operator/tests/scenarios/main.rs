@@ -12,6 +12,7 @@ mod measured;
 #[path = "../support/mod.rs"]
 mod support;
 
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -76,13 +77,20 @@ async fn send_pod(s: &Scenario, name: &str, app: &str, node: &str, ip: &str) {
     s.send(Update::Pod(Event::Apply(pod(name, app, node, ip)))).await;
 }
 
-#[tokio::test]
-async fn each_agent_gets_its_nodes_plan_as_pods_come_and_move() {
+/// A synced scenario without resyncs, agents on `n1` and `n2`, pod `client` on n1 and `server` on n2; with the
+/// two agents' addresses.
+async fn client_and_server() -> (Scenario, SocketAddr, SocketAddr) {
     let s = Scenario::synced(dispatch(NO_RESYNC)).await;
     let a1 = s.node_with_agent("n1", "10.255.0.1").await;
     let a2 = s.node_with_agent("n2", "10.255.0.2").await;
     send_pod(&s, "client", "client", "n1", "10.0.1.1").await;
     send_pod(&s, "server", "server", "n2", "10.0.2.1").await;
+    (s, a1, a2)
+}
+
+#[tokio::test]
+async fn each_agent_gets_its_nodes_plan_as_pods_come_and_move() {
+    let (s, a1, a2) = client_and_server().await;
     let mut l = link("frankfurt-tokyo", "client", "server", 120);
     l.spec.symmetric = true;
     s.create(&l).await;

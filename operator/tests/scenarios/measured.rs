@@ -9,8 +9,8 @@ use isthmus_operator::api::measured::Probe;
 use isthmus_operator::controller::status::CONFORMANT;
 use isthmus_operator::controller::version::unix_millis;
 
-use super::harness::{NS, Scenario, dispatch};
-use super::{NO_RESYNC, condition, link, send_pod};
+use super::harness::NS;
+use super::{client_and_server, condition, link, send_pod};
 
 fn window(rtt: Duration, sent: u64, answered: u64) -> ProbeWindow {
     let mut h = RttHistogram::new();
@@ -21,13 +21,18 @@ fn window(rtt: Duration, sent: u64, answered: u64) -> ProbeWindow {
 /// One node's last 30 s window of a link direction: `rtt` through the impairment, 0.8 ms without.
 fn measurement(link: &str, direction: Direction, rtt: Duration) -> LinkMeasurement {
     let end = unix_millis();
+    within(link, direction, rtt, (end - 30_000, end))
+}
+
+/// The same over the window `[start, end)`.
+fn within(link: &str, direction: Direction, rtt: Duration, (start, end): (u64, u64)) -> LinkMeasurement {
     LinkMeasurement {
         link: LinkRef { namespace: NS.into(), name: link.into(), direction },
         probe: ProbeKind::IcmpEcho,
         pairs: 1,
         impaired: window(rtt, 300, 300),
         baseline: window(Duration::from_micros(800), 300, 300),
-        window_start_ms: end - 30_000,
+        window_start_ms: start,
         window_end_ms: end,
         last_answer_ms: Some(end - 100),
         unmeasurable: None,
@@ -36,11 +41,7 @@ fn measurement(link: &str, direction: Direction, rtt: Duration) -> LinkMeasureme
 
 #[tokio::test]
 async fn measured_windows_become_status_conformance_and_metrics() {
-    let s = Scenario::synced(dispatch(NO_RESYNC)).await;
-    let a1 = s.node_with_agent("n1", "10.255.0.1").await;
-    let a2 = s.node_with_agent("n2", "10.255.0.2").await;
-    send_pod(&s, "client", "client", "n1", "10.0.1.1").await;
-    send_pod(&s, "server", "server", "n2", "10.0.2.1").await;
+    let (s, a1, a2) = client_and_server().await;
     let mut l = link("measured", "client", "server", 50);
     l.spec.symmetric = true;
     s.create(&l).await;
@@ -96,5 +97,52 @@ async fn measured_windows_become_status_conformance_and_metrics() {
     let (_, reason, _) =
         s.eventually("Unmeasurable", || condition(&s, "measured", CONFORMANT).filter(|c| c.1 == "Unmeasurable")).await;
     assert_eq!(reason, "Unmeasurable");
+    s.stop().await;
+}
+
+/// A link that changes with time is judged against the phase its window lies in (the agents cut windows at the
+/// phases), and a window across a change is reported unjudged.
+#[tokio::test]
+async fn a_window_inside_a_phase_is_judged_against_that_phase() {
+    let (s, a1, a2) = client_and_server().await;
+    // 30 s phases, 10 ms then 100 ms each way, from an hour ago (a whole minute: every minute starts `near`).
+    let now = unix_millis();
+    let start = now / 60_000 * 60_000 - 3_600_000;
+    let start_at = k8s_openapi::jiff::Timestamp::from_millisecond(start as i64).unwrap();
+    let mut l = link("phased", "client", "server", 50);
+    l.spec.symmetric = true;
+    l.spec.schedule = Some(
+        serde_yaml::from_str(&format!(
+            "{{startAt: '{start_at}', phases: [{{name: near, duration: 30s, impairment: {{latency: 10ms}}}}, \
+             {{name: far, duration: 30s, impairment: {{latency: 100ms}}}}]}}"
+        ))
+        .unwrap(),
+    );
+    s.create(&l).await;
+
+    // The latest `far` phase begun, as the agents cut it: a second in, a second and its 100 ms out before its end.
+    let far = now / 60_000 * 60_000 + 30_000 - if now % 60_000 < 30_000 { 60_000 } else { 0 };
+    let bounds = (far + 1_000, far + 30_000 - 1_100);
+    let rtt = Duration::from_micros(200_800);
+    s.agents.set_measured(a1, vec![within("phased", Direction::Forward, rtt, bounds)]);
+    s.agents.set_measured(a2, vec![within("phased", Direction::Reverse, rtt, bounds)]);
+    s.eventually("Conformant=True", || {
+        condition(&s, "phased", CONFORMANT).filter(|c| c.0 == "True" && c.1 == "Conformant")
+    })
+    .await;
+    let st = s.api.link(&format!("{NS}/phased")).unwrap().status.unwrap();
+    let forward = st.measured.as_ref().and_then(|m| m.forward.clone()).expect("forward measured");
+    assert_eq!(forward.phase.as_deref(), Some("far"), "{forward:?}");
+    assert!(forward.expected_rtt.as_deref().is_some_and(|e| e.starts_with("200.")), "{forward:?}");
+
+    // A window across the latest change of phase (recent, so that it is not stale): shown, not judged.
+    let change = now / 30_000 * 30_000;
+    let across = (change - 10_000, change + 10_000);
+    s.agents.set_measured(a1, vec![within("phased", Direction::Forward, rtt, across)]);
+    s.agents.set_measured(a2, vec![within("phased", Direction::Reverse, rtt, across)]);
+    let (status, _, message) =
+        s.eventually("Scheduled", || condition(&s, "phased", CONFORMANT).filter(|c| c.1 == "Scheduled")).await;
+    assert_eq!(status, "False", "{message}");
+    assert!(message.contains("does not lie in one phase"), "{message}");
     s.stop().await;
 }

@@ -9,9 +9,13 @@ fn link(name: &str) -> Arc<LinkRef> {
     Arc::new(LinkRef { namespace: "ns".into(), name: name.into(), direction: Direction::Forward })
 }
 
+fn probed(link: &Arc<LinkRef>, pairs: u32, drops_everything: bool) -> Probed {
+    Probed { link: link.clone(), pairs, drops_everything, one_way: Duration::ZERO, timeline: None }
+}
+
 fn windows(links: &[(&Arc<LinkRef>, bool)]) -> Windows {
     let mut w = Windows::new(Duration::from_secs(10));
-    w.set_links(links.iter().map(|(l, drops)| ((*l).clone(), 2, *drops)));
+    w.set_links(links.iter().map(|(l, drops)| probed(l, 2, *drops)));
     w
 }
 
@@ -107,7 +111,7 @@ fn a_socket_failure_is_unmeasurable_until_probes_go_out_and_links_leave_with_the
     assert_eq!((u.reason, u.message.as_str()), (UnmeasurableReason::ProbeFailed, "socket: permission denied"));
     w.sent(&other, ProbePath::Impaired, 0);
     w.answered(&other, ProbePath::Impaired, 0, Duration::from_millis(1), 1);
-    w.set_links([(other.clone(), 1, false)]);
+    w.set_links([probed(&other, 1, false)]);
     w.close(20 * SECOND, GRACE);
     let m = w.measurements();
     assert_eq!(m.iter().map(|m| (m.link.name.as_str(), m.pairs)).collect::<Vec<_>>(), [("other", 1)]);
@@ -150,8 +154,9 @@ proptest! {
             if *answer {
                 w.answered(&wan, ProbePath::Impaired, *at, Duration::from_millis(2), *at + 2);
             }
-            if open.back() != Some(&w.window_of(*at)) {
-                open.push_back(w.window_of(*at));
+            let start = w.window_of(&wan, *at).expect("a link without a schedule counts every probe").0;
+            if open.back() != Some(&start) {
+                open.push_back(start);
             }
         }
         for start in open {
@@ -165,6 +170,121 @@ proptest! {
         prop_assert!(seen <= sent);
         if answered == sent {
             prop_assert_eq!(seen, sent);
+        }
+    }
+}
+
+mod phases {
+    use isthmus_agent_api::schedule::{End, Phase, TimelineFields};
+    use isthmus_agent_api::test_util::impairment;
+    use isthmus_agent_api::{Correlated, ImpairmentFields, Loss, Percent};
+
+    use super::*;
+
+    const START: u64 = 1_000_000 * SECOND;
+
+    fn phase(name: &str, fields: ImpairmentFields) -> Phase {
+        Phase { duration_ms: 20 * SECOND, impairment: Arc::new(impairment(fields)), name: name.into() }
+    }
+
+    /// 20 s phases from START, repeating: `near` at 10 ms, `far` at 200 ms, `down` dropping everything.
+    fn timeline() -> Arc<Timeline> {
+        let latency = |ms| ImpairmentFields { latency: Some(Duration::from_millis(ms)), ..Default::default() };
+        let all = Percent::new("loss", 100.0).unwrap();
+        let down = ImpairmentFields {
+            loss: Some(Loss::Random(Correlated { percent: all, correlation: Percent::ZERO })),
+            ..Default::default()
+        };
+        let fields = TimelineFields {
+            start_unix_ms: START,
+            phases: vec![phase("near", latency(10)), phase("far", latency(200)), phase("down", down)],
+            end: End::Repeat,
+            jitter: None,
+        };
+        Arc::new(Timeline::try_from(fields).unwrap())
+    }
+
+    fn scheduled(link: &Arc<LinkRef>) -> Windows {
+        let mut w = Windows::new(Duration::from_secs(30));
+        let one_way = Duration::from_millis(5);
+        w.set_links([Probed { timeline: Some(timeline()), one_way, ..probed(link, 1, false) }]);
+        w
+    }
+
+    #[test]
+    fn windows_are_cut_at_phases_less_the_settling_time_and_the_latency_out() {
+        let wan = link("wan");
+        let w = scheduled(&wan);
+        let settle = PHASE_SETTLE.as_millis() as u64;
+        let bounds = |at| w.window_of(&wan, at);
+        // START is 10 s past an epoch window's start. Before it: that window, ending a settling time and the
+        // link's own 5 ms out before the first phase.
+        assert_eq!(bounds(START - 10 * SECOND), Some((START - 10 * SECOND, START - settle - 5)));
+        assert_eq!(bounds(START - settle - 5), None, "too near the first phase");
+        // `near`: from a settling time in to a settling time and its 10 ms out before `far`.
+        assert_eq!(bounds(START), None);
+        assert_eq!(bounds(START + settle - 1), None);
+        assert_eq!(bounds(START + settle), Some((START + settle, START + 20 * SECOND - settle - 10)));
+        assert_eq!(bounds(START + 20 * SECOND - settle - 10), None);
+        // `far` ends 200 ms earlier still.
+        let far = START + 20 * SECOND;
+        assert_eq!(bounds(far + 5 * SECOND), Some((far + settle, far + 20 * SECOND - settle - 200)));
+        // An epoch window's end cuts `down` in two.
+        let (down, epoch) = (START + 40 * SECOND, START + 50 * SECOND);
+        assert_eq!(bounds(down + settle), Some((down + settle, epoch)));
+        assert_eq!(bounds(epoch), Some((epoch, down + 20 * SECOND - settle)));
+        // The next cycle's `near` has windows of its own.
+        let next = START + 60 * SECOND;
+        assert_eq!(bounds(next + 5 * SECOND).map(|b| b.0), Some(next + settle));
+    }
+
+    #[test]
+    fn a_phase_that_drops_everything_reports_its_loss_and_keeps_icmp() {
+        let wan = link("wan");
+        let mut w = scheduled(&wan);
+        let (down, near) = (START + 40 * SECOND, START + 60 * SECOND);
+        for at in [down + 2 * SECOND, down + 3 * SECOND] {
+            w.sent(&wan, ProbePath::Impaired, at);
+        }
+        // Sent in the settling time: not counted anywhere.
+        w.sent(&wan, ProbePath::Impaired, down + 100);
+        w.close(START + 51 * SECOND + GRACE.as_millis() as u64, GRACE);
+        let m = w.measurements();
+        assert_eq!((m[0].window_start_ms, m[0].window_end_ms), (down + SECOND, START + 50 * SECOND));
+        assert_eq!((m[0].impaired.sent, m[0].impaired.answered), (2, 0));
+        assert_eq!(w.kind(&wan), ProbeKind::IcmpEcho, "the phase drops everything: its silence is the answer");
+        // The same silence in `near` is a reason to try TCP.
+        w.sent(&wan, ProbePath::Impaired, near + 2 * SECOND);
+        w.close(near + 20 * SECOND, GRACE);
+        assert_eq!(w.kind(&wan), ProbeKind::TcpSyn);
+        // An answer finds its window from the send time alone.
+        w.sent(&wan, ProbePath::Impaired, near + 25 * SECOND);
+        w.answered(&wan, ProbePath::Impaired, near + 25 * SECOND, Duration::from_millis(20), near + 25 * SECOND + 20);
+        w.close(near + 40 * SECOND, GRACE);
+        let m = w.measurements();
+        assert_eq!((m[0].window_start_ms, m[0].impaired.answered), (near + 20 * SECOND + SECOND, 1));
+    }
+
+    proptest! {
+        /// Whatever the instant and the window length, a counted probe's window holds it, lies in one phase
+        /// instance and keeps the settling time from both of its changes.
+        #[test]
+        fn a_counted_probe_has_a_window_inside_one_phase(at in START - 30 * SECOND..START + 200 * SECOND, length_s in 1u64..100) {
+            let t = timeline();
+            let settle = PHASE_SETTLE.as_millis() as u64;
+            if let Some((from, to)) = window_bounds(length_s * SECOND, Some((&t, Duration::from_millis(5))), at) {
+                prop_assert!(from <= at && at < to && to - from <= length_s * SECOND);
+                let (first, last) = (t.position(from), t.position(to - 1));
+                prop_assert_eq!(first, last);
+                match first {
+                    Position::In { since_ms, next_ms, .. } => {
+                        prop_assert!(from >= since_ms + settle);
+                        prop_assert!(to + settle <= next_ms.unwrap());
+                    }
+                    Position::Before { next_ms } => prop_assert!(to + settle <= next_ms),
+                    Position::Over { .. } => prop_assert!(false, "the timeline repeats"),
+                }
+            }
         }
     }
 }

@@ -373,6 +373,7 @@ fn probe_view(applied: &Applied, pods: &[(String, Arc<InstalledPod>)], version: 
             })
             .collect(),
         filter: applied.probe_filter.clone(),
+        timelines: applied.timelines.shared(),
     }
 }
 

@@ -6,6 +6,7 @@ use isthmus_agent_api::schedule::{Position, Timeline};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::api::{ScheduleState, ScheduleStatus};
+use crate::schedule::phase_name;
 
 /// The shortest time between two refreshes of one link's `status.schedule` that the tick asks for.
 pub const REFRESH_MS: u64 = 5_000;
@@ -30,13 +31,6 @@ pub fn schedule_status(timeline: &Timeline, position: Position) -> ScheduleStatu
 pub fn refresh_due(shown: Option<&ScheduleStatus>, now: &ScheduleStatus, now_ms: u64, last_ms: Option<u64>) -> bool {
     let moved = shown.is_none_or(|s| !s.same_phase(now));
     moved && last_ms.is_none_or(|last| now_ms.saturating_sub(last) >= REFRESH_MS)
-}
-
-fn phase_name(timeline: &Timeline, phase: usize) -> String {
-    match timeline.phases()[phase].name.as_str() {
-        "" => format!("phase {}", phase + 1),
-        name => name.to_owned(),
-    }
 }
 
 /// An instant to the second, as the API server stores times: a finer one would never compare equal after a

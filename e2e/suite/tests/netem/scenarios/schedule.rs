@@ -18,6 +18,10 @@
 //!   Reported against the issue's 100 ms: how long after the first node's change the second's was in force, the
 //!   nodes' clock skew included (to the probes' 20 ms plus the forward leg's 20 ms).
 //!
+//! The three above also gate the link's own measurement: once one of its windows has closed after the schedule's
+//! start, `status.measured.forward.phase` names one of the schedule's phases (the agents cut their windows at the
+//! phases, the operator judges each against its phase); the `Conformant` condition is printed.
+//!
 //! - `trace_caps_each_window`: a bandwidth trace (a ConfigMap labelled `isthmus.dev/trace`) of 1 s windows,
 //!   two at 1.2 Mbit/s then two at 6 Mbit/s, looping; TCP bulk from the client with the bytes the server
 //!   acknowledged sampled every 50 ms on the client's clock. Acknowledgements are never early, so at every sample
@@ -29,6 +33,8 @@
 //! Reported, not gated: each switch's lateness against the 100 ms the issue asks of a quiet node, the share of an
 //! up phase's probes lost (against none), and each window's goodput against its rate (± 15 %); the stock-kernel
 //! rig is where those are held.
+
+use std::time::Duration;
 
 use isthmus_e2e::verdict::{at_least, at_most, report};
 use isthmus_e2e::*;
@@ -44,11 +50,13 @@ const QUIET_BOUND_MS: f64 = 100.0;
 
 /// A probe: when it was sent, in ms since the schedule's start, and its round trip (`None`: lost).
 type Sample = (f64, Option<f64>);
+/// A schedule's phase length in ms and its phases' names.
+type Phases<'a> = (f64, &'a [&'a str]);
 
 pub fn schedule_switches_phases(f: &Fixture) {
     let schedule = "  schedule:\n    start: 10s\n    phases:\n      - {name: near, duration: 5s, impairment: {latency: 10ms}}\n      - {name: far, duration: 5s, impairment: {latency: 100ms}}\n";
     let floor = delay_floor(100.0);
-    let judged_far = on_schedule(f, "phased", schedule, 5_000.0, |k, from, inside| {
+    let judged_far = on_schedule(f, "phased", schedule, (5_000.0, &["near", "far"]), |k, from, inside| {
         if k % 2 == 1 {
             // The 100 ms phase: it is in force after the last probe under the floor (or lost).
             switched(k, "100 ms", from, inside, |rtt| rtt.is_some_and(|rtt| rtt >= floor));
@@ -71,7 +79,7 @@ pub fn schedule_switches_phases(f: &Fixture) {
 
 pub fn flap_drops_all_while_down(f: &Fixture) {
     let schedule = "  schedule:\n    start: 10s\n    flap: {up: 4s, down: 4s}\n";
-    let judged_down = on_schedule(f, "flapping", schedule, 4_000.0, |k, from, inside| {
+    let judged_down = on_schedule(f, "flapping", schedule, (4_000.0, &["up", "down"]), |k, from, inside| {
         if k % 2 == 1 {
             switched(k, "down", from, inside, |rtt| rtt.is_none());
             true
@@ -90,17 +98,18 @@ pub fn flap_drops_all_while_down(f: &Fixture) {
     assert!(judged_down >= 2, "too few down phases inside the probes to judge: {judged_down}");
 }
 
-/// Applies a link with `schedule` (phases of `phase_ms` each), probes it for 30 s and hands each phase `k` that
-/// the probes span whole to `judge(k, its start, its probes)`; returns how many times `judge` said it judged one.
+/// Applies a link with `schedule` (`phases`: each one's length and the names the schedule gives them), probes it
+/// for 30 s and hands each phase `k` that the probes span whole to `judge(k, its start, its probes)`; returns how
+/// many times `judge` said it judged one. Gates that the link's own measurement names one of the phases.
 fn on_schedule(
     f: &Fixture,
     name: &str,
     schedule: &str,
-    phase_ms: f64,
+    phases: Phases<'_>,
     judge: impl FnMut(i64, f64, &[Sample]) -> bool,
 ) -> usize {
     let spec = format!("{}{schedule}", one_way_spec("client", "server", "{latency: 10ms}"));
-    on_spec(f, name, &spec, phase_ms, RttRun::new(600).interval_ms(50), judge)
+    on_spec(f, name, &spec, phases, RttRun::new(600).interval_ms(50), judge)
 }
 
 /// [`on_schedule`] with the link's whole `spec` and the probes' `run` (with samples).
@@ -108,7 +117,7 @@ fn on_spec(
     f: &Fixture,
     name: &str,
     spec: &str,
-    phase_ms: f64,
+    (phase_ms, names): Phases<'_>,
     run: RttRun,
     mut judge: impl FnMut(i64, f64, &[Sample]) -> bool,
 ) -> usize {
@@ -132,6 +141,14 @@ fn on_spec(
         let inside: Vec<Sample> = samples.iter().copied().filter(|s| s.0 >= from && s.0 < to).collect();
         judged += judge(k, from, &inside) as usize;
     }
+    // The link's own probes are judged phase by phase (the agents cut their windows at the phases): once a window
+    // has closed after the schedule's start, status.measured names the phase it was probed in.
+    let phase = wait_for(&format!("{name}: status.measured.forward.phase"), Duration::from_secs(60), || {
+        f.ns.json(&["get", "networklink", name])["status"]["measured"]["forward"]["phase"].as_str().map(str::to_owned)
+    });
+    let conformant = f.ns.link_condition(name, "Conformant");
+    println!("{name}: the last window judged in phase {phase}: Conformant {conformant:?}");
+    assert!(names.contains(&phase.as_str()), "{name}: measured in phase {phase:?}, not one of {names:?}");
     drop(link);
     judged
 }
@@ -174,7 +191,8 @@ pub fn both_nodes_switch_together(f: &Fixture) {
     // Floors: the least round trip once either node's far phase is in force, and once both are.
     let (either, both) = (delay_floor(cf + sn).min(delay_floor(cn + sf)), delay_floor(cf + sf));
     let server_only = delay_floor(cn + sf);
-    let judged_far = on_spec(f, "two-nodes", &spec, PHASE_MS, RttRun::new(1_500).interval_ms(20), |k, from, inside| {
+    let phases = (PHASE_MS, &["near", "far"][..]);
+    let judged_far = on_spec(f, "two-nodes", &spec, phases, RttRun::new(1_500).interval_ms(20), |k, from, inside| {
         // A probe sent in a phase's last moments meets the next phase on its way back.
         let inside = &inside[..inside.partition_point(|s| s.0 < from + PHASE_MS - REPLY_TAIL_MS)];
         if k % 2 == 1 {
