@@ -235,7 +235,11 @@ impl Controller {
         self.ctx.metrics.pairs.set(pairs as i64);
         self.ctx.metrics.links.set(self.links.len() as i64);
         self.ctx.metrics.nodes.set(self.planner.node_plans().count() as i64);
-        for node in std::mem::take(&mut self.dirty_nodes) {
+        // Until every watch has listed, a node's plan and agent are guesses: a plan made before the links are
+        // known is empty and would strip the node's shaping, a node whose agent is not listed yet would be
+        // reported as having none. The nodes stay dirty and are dispatched once the view is whole.
+        let nodes = if self.relist.all_synced() { std::mem::take(&mut self.dirty_nodes) } else { Default::default() };
+        for node in nodes {
             // A node with neither agent nor plan needs no dispatcher. A pod whose Node object is gone keeps its
             // node's dispatcher, which reports the missing agent in the link's status.
             let input = self.node_input(&node);

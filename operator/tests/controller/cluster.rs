@@ -337,6 +337,7 @@ pub struct WithAgent {
     pub ns: String,
     pub node: String,
     pub agent: RealAgent,
+    finished: bool,
     _serial: tokio::sync::MutexGuard<'static, ()>,
 }
 
@@ -371,7 +372,7 @@ impl WithAgent {
         let ready = json!({"status": {"phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}],
             "conditions": [{"type": "Ready", "status": "True"}]}});
         pods.patch_status("agent", &PatchParams::default(), &Patch::Merge(&ready)).await.unwrap();
-        WithAgent { client, ns, node, agent, _serial: serial }
+        WithAgent { client, ns, node, agent, finished: false, _serial: serial }
     }
 
     /// A leading controller whose agent client carries the identity this agent trusts.
@@ -379,9 +380,37 @@ impl WithAgent {
         start_with_client(&self.client, &self.ns, self.agent.client.clone(), self.agent.port)
     }
 
-    /// Removes the Node and the namespace; the agent stops.
-    pub async fn finish(self) {
-        let _ = Api::<Node>::all(self.client.clone()).delete(&self.node, &DeleteParams::default()).await;
-        let _ = Api::<Namespace>::all(self.client.clone()).delete(&self.ns, &DeleteParams::default()).await;
+    /// Removes the test's pods, namespace and Node; the agent stops.
+    pub async fn finish(mut self) {
+        remove(&self.client, &self.ns, &self.node).await;
+        self.finished = true;
     }
+}
+
+/// A test that failed leaves nothing behind either: the next test's link that selects every namespace would
+/// count its pods. Its own runtime on its own thread, as the test's may be unwinding (and its client with it).
+impl Drop for WithAgent {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        let (ns, node) = (self.ns.clone(), self.node.clone());
+        let cleanup = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            runtime.block_on(async {
+                if let Some(client) = client().await {
+                    remove(&client, &ns, &node).await;
+                }
+            });
+        });
+        let _ = cleanup.join();
+    }
+}
+
+/// Pods without a kubelet go at once only with no grace period; then their namespace and Node.
+async fn remove(client: &Client, ns: &str, node: &str) {
+    let now = DeleteParams { grace_period_seconds: Some(0), ..Default::default() };
+    let _ = Api::<Pod>::namespaced(client.clone(), ns).delete_collection(&now, &ListParams::default()).await;
+    let _ = Api::<Namespace>::all(client.clone()).delete(ns, &DeleteParams::default()).await;
+    let _ = Api::<Node>::all(client.clone()).delete(node, &DeleteParams::default()).await;
 }

@@ -90,7 +90,8 @@ fn run(cmd: &str, args: &[&str]) -> String {
 impl PodNetns {
     fn new(dir: &std::path::Path, name: &str, ip: &str) -> PodNetns {
         let name = format!("isth-opit-{name}-{}", std::process::id());
-        let _ = Command::new("ip").args(["netns", "del", &name]).status();
+        // A previous run's leftover, if any (none is the usual case: quiet).
+        let _ = Command::new("ip").args(["netns", "del", &name]).stderr(std::process::Stdio::null()).status();
         run("ip", &["netns", "add", &name]);
         let pin = dir.join(&name);
         let ns = PodNetns { name, pin };

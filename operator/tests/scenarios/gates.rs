@@ -5,14 +5,11 @@
 use std::time::Duration;
 
 use isthmus_agent_api::PodErrorKind;
-use isthmus_operator::controller::watch::{Update, WatchKind};
+use isthmus_operator::controller::watch::WatchKind;
 use isthmus_operator::gate::CONDITION_TYPE;
-use k8s_openapi::api::core::v1::Node;
-use kube::api::PartialObjectMeta;
-use kube::runtime::watcher::Event;
 use serde_json::json;
 
-use super::harness::{NS, Scenario, agent_pod, dispatch, gated_pod, pod};
+use super::harness::{NS, Scenario, dispatch, gated_pod, pod};
 use super::{NO_RESYNC, condition, entries, link};
 
 /// The gate condition a pod carries on the server: (status, reason, message).
@@ -147,38 +144,36 @@ async fn a_failed_entry_holds_a_gated_pod_not_ready_with_the_reason() {
 
 #[tokio::test]
 async fn gates_are_decided_only_once_every_watch_has_listed() {
-    let s = Scenario::start(true, dispatch(NO_RESYNC));
-    let a1 = "10.255.0.1:9443".parse().unwrap();
-    s.agents.add(a1, "n1");
-    // The pod watch lists first: without its link, the client would look selected by nothing.
-    let client = gated_pod("client", "client", "n1", "10.0.1.1");
-    let server = pod("server", "server", "n1", "10.0.1.9");
-    let loner = gated_pod("loner", "db", "n1", "10.0.1.3");
-    for p in [&client, &server, &loner] {
-        s.api.store_pod(p);
-    }
-    let listed = [client, server, loner].map(|p| Update::Pod(Event::InitApply(p)));
-    s.list(WatchKind::Pod, listed.into()).await;
-    let node: PartialObjectMeta<Node> = serde_json::from_value(json!({"metadata": {"name": "n1"}})).unwrap();
-    s.list(WatchKind::Node, vec![Update::Node(Event::InitApply(node))]).await;
-    let agent = agent_pod("n1", "10.255.0.1", "uid-agent-n1");
-    s.list(WatchKind::Agent, vec![Update::Agent(Event::InitApply(agent))]).await;
-    s.list(WatchKind::Namespace, Vec::new()).await;
-    s.list(WatchKind::Service, Vec::new()).await;
-    s.list(WatchKind::TraceMap, Vec::new()).await;
+    // The link watch lists last: without its link, the client would look selected by nothing.
+    let pods = vec![
+        gated_pod("client", "client", "n1", "10.0.1.1"),
+        pod("server", "server", "n1", "10.0.1.9"),
+        gated_pod("loner", "db", "n1", "10.0.1.3"),
+    ];
+    let (s, links) = Scenario::restarted_but(WatchKind::Link, pods, vec![link("late", "client", "server", 10)]).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(s.api.pod_conditions("client"), [], "not decided before the links are listed");
     assert_eq!(s.api.pod_conditions("loner"), [], "not decided before the links are listed");
 
-    s.list(
-        WatchKind::Link,
-        vec![Update::Link(Box::new(Event::InitApply(link("late", "client", "server", 10).into())))],
-    )
-    .await;
+    s.list(WatchKind::Link, links).await;
     s.eventually("client applied", || (gate(&s, "client")?.1 == "Applied").then_some(())).await;
     s.eventually("loner decided", || gate(&s, "loner")).await;
     assert_eq!(s.api.pod_conditions("client"), [says("True", "Applied", APPLIED_ONE)], "never NoLinks first");
     assert_eq!(s.api.pod_conditions("loner"), [says("True", "NoLinks", NO_LINKS)]);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_pod_is_never_failed_for_an_agent_whose_watch_has_not_listed_yet() {
+    // The agent watch lists last: until then the node seems to have no agent.
+    let pods = vec![gated_pod("client", "client", "n1", "10.0.1.1"), pod("server", "server", "n1", "10.0.1.9")];
+    let (s, agents) = Scenario::restarted_but(WatchKind::Agent, pods, vec![link("geo", "client", "server", 10)]).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    s.list(WatchKind::Agent, agents).await;
+    s.eventually("client applied", || (gate(&s, "client")?.1 == "Applied").then_some(())).await;
+    assert_eq!(s.api.pod_conditions("client"), [says("True", "Applied", APPLIED_ONE)], "never AgentUnavailable");
+    let writes = format!("{:?}", s.api.writes());
+    assert!(!writes.contains("AgentUnavailable"), "nothing written names a missing agent: {writes}");
     s.stop().await;
 }
 

@@ -86,6 +86,37 @@ impl Scenario {
         s
     }
 
+    /// A restarted leader on node n1 (its Node and its ready agent at 10.255.0.1) holding `pods`: every watch but
+    /// `last` lists what the cluster has (`links` among it); returns what `last` will list when the test lets it.
+    pub async fn restarted_but(last: WatchKind, pods: Vec<Pod>, links: Vec<NetworkLink>) -> (Scenario, Vec<Update>) {
+        let s = Scenario::start(true, dispatch(Duration::from_secs(3600)));
+        s.agents.add(SocketAddr::new("10.255.0.1".parse().unwrap(), AGENT_PORT), "n1");
+        for p in &pods {
+            s.api.store_pod(p);
+        }
+        let node: PartialObjectMeta<Node> = serde_json::from_value(json!({"metadata": {"name": "n1"}})).unwrap();
+        let mut held = Vec::new();
+        for kind in WatchKind::ALL {
+            let objects = match kind {
+                WatchKind::Pod => pods.iter().map(|p| Update::Pod(Event::InitApply(p.clone()))).collect(),
+                WatchKind::Link => {
+                    links.iter().map(|l| Update::Link(Box::new(Event::InitApply(l.clone().into())))).collect()
+                }
+                WatchKind::Node => vec![Update::Node(Event::InitApply(node.clone()))],
+                WatchKind::Agent => {
+                    vec![Update::Agent(Event::InitApply(agent_pod("n1", "10.255.0.1", "uid-agent-n1")))]
+                }
+                WatchKind::Namespace | WatchKind::Service | WatchKind::TraceMap => Vec::new(),
+            };
+            if kind == last {
+                held = objects;
+            } else {
+                s.list(kind, objects).await;
+            }
+        }
+        (s, held)
+    }
+
     pub async fn send(&self, update: Update) {
         self.updates.send(update).await.expect("the controller runs");
     }

@@ -375,6 +375,24 @@ async fn a_follower_neither_dispatches_nor_writes_until_it_leads() {
 }
 
 #[tokio::test]
+async fn nothing_is_dispatched_until_every_watch_has_listed() {
+    // The link watch lists last: the node's agent is shaping the client meanwhile, and a plan made of the pods
+    // alone would be empty and strip it.
+    let pods = vec![pod("client", "client", "n1", "10.0.1.1"), pod("server", "server", "n1", "10.0.1.9")];
+    let (s, links) = Scenario::restarted_but(WatchKind::Link, pods, vec![link("kept", "client", "server", 10)]).await;
+    let a1 = "10.255.0.1:9443".parse().unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(s.agents.received(a1).is_empty(), "a plan before the links are known: {:?}", s.agents.received(a1));
+
+    s.list(WatchKind::Link, links).await;
+    let kept = [entry("client", "10.0.1.9/32", 10, "kept", Direction::Forward)];
+    s.eventually("the plan", || (entries(&s.agents.in_force(a1)?) == kept).then_some(())).await;
+    let received = s.agents.received(a1);
+    assert_eq!(received.iter().map(entries).collect::<Vec<_>>(), [kept], "the first plan is the whole one");
+    s.stop().await;
+}
+
+#[tokio::test]
 async fn readiness_waits_for_every_watch_and_a_relist_forgets_what_it_no_longer_names() {
     let s = Scenario::start(true, dispatch(NO_RESYNC));
     let (last, first) = WatchKind::ALL.split_last().unwrap();
