@@ -201,6 +201,7 @@ pub struct Metrics {
     pub resync_mutations: Counter,
     pub pods_in_plan: Gauge,
     pub queue_limits_capped: Gauge,
+    pub destinations_refused: Gauge,
     pub leftover_trees: Gauge,
     /// 1 for the datapath this agent gives its pods (`tc` or `userspace`).
     pub datapath: Family<DatapathLabels, Gauge>,
@@ -280,6 +281,12 @@ impl Metrics {
             "Destinations of the plan in force whose queueLimit the queue budgets cut",
             queue_limits_capped.clone(),
         );
+        let destinations_refused = Gauge::default();
+        registry.register(
+            "isthmus_agent_destinations_refused",
+            "Destinations of the plan in force left unimpaired because the kernel cannot hold their impairment",
+            destinations_refused.clone(),
+        );
         let leftover_trees = Gauge::default();
         registry.register(
             "isthmus_agent_leftover_trees",
@@ -346,6 +353,7 @@ impl Metrics {
             resync_mutations,
             pods_in_plan,
             queue_limits_capped,
+            destinations_refused,
             leftover_trees,
             datapath,
             trees_removed,

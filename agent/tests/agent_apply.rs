@@ -166,7 +166,13 @@ async fn agent_apply_change_gc_shutdown_adopt_and_cleanup() {
         node: NODE.into(),
         version: 3,
         pods: vec![
-            pod("uid-p", "p", &[t.pod_ip], vec![(t.dst1_ip, rate(60_000_000)), (t.dst2_ip, rate(30_000_000))]),
+            // A third destination at 8 bit/s, whose default bucket the kernel cannot hold: refused alone.
+            pod(
+                "uid-p",
+                "p",
+                &[t.pod_ip],
+                vec![(t.dst1_ip, rate(60_000_000)), (t.dst2_ip, rate(30_000_000)), (addr("10.237.1.1"), rate(8))],
+            ),
             pod("uid-gone", "gone", &[addr("10.237.250.250")], vec![(t.pod_ip, rate(1_000_000))]),
             bad_interface,
             host,
@@ -182,6 +188,12 @@ async fn agent_apply_change_gc_shutdown_adopt_and_cleanup() {
     assert_eq!(status, 200, "{body}");
     let reply: ApplyReply = serde_json::from_str(&body).unwrap();
     assert_eq!(outcome(&reply.pods, "uid-p"), &PodOutcome::Applied, "{reply:?}");
+    let p = reply.pods.iter().find(|r| r.uid == "uid-p").unwrap();
+    let [refused] = p.refused.as_slice() else { panic!("one destination refused: {p:?}") };
+    assert_eq!(refused.destination, "10.237.1.1/32".parse::<ipnet::IpNet>().unwrap());
+    assert_eq!(refused.error.kind, PodErrorKind::InvalidPlan);
+    assert!(refused.error.message.contains("bandwidth") && refused.error.message.contains("275 s"), "{refused:?}");
+    assert_eq!(metric(&certs, &agent, "isthmus_agent_destinations_refused"), 1.0);
     assert_eq!(error_kind(&reply.pods, "uid-gone"), PodErrorKind::PodNotFound);
     assert_eq!(error_kind(&reply.pods, "uid-if"), PodErrorKind::InterfaceNotFound);
     assert_eq!(error_kind(&reply.pods, "uid-host"), PodErrorKind::HostNetwork);

@@ -17,6 +17,7 @@ use kube::runtime::watcher::{self, Event, watcher};
 use kube::{Client, ResourceExt as _};
 
 use crate::api::StoredLink;
+use crate::controller::finalizer::INCOMPLETE_ANNOTATION;
 use crate::topology::NetworkTopology;
 
 /// Why the uninstall did not finish.
@@ -37,8 +38,30 @@ pub enum UninstallError {
         last_error.as_deref().unwrap_or("no answer from the API server")
     )]
     NeverListed { timeout: Duration, last_error: Option<String> },
+    #[error(
+        "every NetworkLink is gone, but the operator gave up waiting for nodes to remove the impairments of {}: {}; \
+         those pods may still be impaired: check those nodes' agents (`kubectl isthmus explain`), or delete the pods",
+        incomplete.len(),
+        Incomplete(incomplete)
+    )]
+    CleanupIncomplete { incomplete: BTreeMap<String, String> },
     #[error("the NetworkLink watch ended unexpectedly")]
     WatchEnded,
+}
+
+/// `namespace/name (what its cleanup left)`, semicolon-separated.
+struct Incomplete<'a>(&'a BTreeMap<String, String>);
+
+impl fmt::Display for Incomplete<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, (key, note)) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{key} ({note})")?;
+        }
+        Ok(())
+    }
 }
 
 /// `namespace/name (finalizers: a, b)`, comma-separated.
@@ -61,7 +84,9 @@ impl fmt::Display for Remaining<'_> {
 
 /// Deletes every NetworkLink in every namespace and waits, up to `timeout`, until none remains. Needs only
 /// `list`, `watch` and `delete` on `networklinks.isthmus.dev`. Transient API errors are retried until the
-/// deadline; the timeout error names every link still present and the last API error.
+/// deadline; the timeout error names every link still present and the last API error. A link whose finalizer
+/// the operator dropped after its cleanup wait ran out (its last state carries [`INCOMPLETE_ANNOTATION`]) makes
+/// it fail too, naming the nodes and pods that may still be impaired.
 pub async fn delete_all_and_wait(client: Client, timeout: Duration) -> Result<usize, UninstallError> {
     let deadline = tokio::time::Instant::now() + timeout;
     // A topology would make its links again while the operator runs: topologies go first.
@@ -75,8 +100,12 @@ pub async fn delete_all_and_wait(client: Client, timeout: Duration) -> Result<us
     let mut synced = false;
     let mut deleted = 0usize;
     let mut last_error: Option<String> = None;
+    let mut incomplete: BTreeMap<String, String> = BTreeMap::new();
     loop {
         if synced && present.is_empty() {
+            if !incomplete.is_empty() {
+                return Err(UninstallError::CleanupIncomplete { incomplete });
+            }
             return Ok(deleted);
         }
         let event = tokio::select! {
@@ -108,7 +137,13 @@ pub async fn delete_all_and_wait(client: Client, timeout: Duration) -> Result<us
             }
             Ok(Event::Delete(link)) => {
                 present.remove(&key(&link));
-                tracing::info!(link = %key(&link), "NetworkLink gone");
+                match link.annotations().get(INCOMPLETE_ANNOTATION) {
+                    Some(note) => {
+                        tracing::error!(link = %key(&link), "NetworkLink gone, its cleanup incomplete: {note}");
+                        incomplete.insert(key(&link), note.clone());
+                    }
+                    None => tracing::info!(link = %key(&link), "NetworkLink gone"),
+                }
                 continue;
             }
             Err(e) => {

@@ -6,8 +6,8 @@
 //!
 //! - durations: `0`, `500us`, `120ms`, `1.5s` (units `ns`, `us`, `ms`, `s`); at most one hour;
 //! - percentages: `0.1%`, `25%`, `100%` (0 to 100, the `%` is required);
-//! - rates in **bits** per second: `64kbit`, `100Mbit`, `1.5Gbit` (SI prefixes, 1 kbit = 1000 bit), 8 bit/s
-//!   to 1000 Gbit/s. `bps`, `mbps`, `MBps` and friends are refused: tc reads `bps` as *bytes* per second
+//! - rates in **bits** per second: `64kbit`, `100Mbit`, `1.5Gbit` (SI prefixes, 1 kbit = 1000 bit), 100
+//!   bit/s to 1000 Gbit/s. `bps`, `mbps`, `MBps` and friends are refused: tc reads `bps` as *bytes* per second
 //!   while most people mean bits, and that confusion has shipped in other tools;
 //! - sizes in bytes: `1500B`, `32KiB`, `1MiB`, `1GiB` (binary prefixes).
 
@@ -24,8 +24,28 @@ pub const RATE_PATTERN: &str = r"^[0-9]{1,13}(\.[0-9]{1,9})?(bit|kbit|Mbit|Gbit)
 /// The schema pattern of a size in bytes; CEL bounds it (see [`parse_size`] callers).
 pub const SIZE_PATTERN: &str = r"^[0-9]{1,10}(B|KiB|MiB|GiB)$";
 
-pub const MIN_RATE_BPS: f64 = 8.0;
+/// The slowest rate: the agent's default token bucket (3,200 bytes, `agent::datapath::units`) must refill within
+/// the kernel's 274 s ([`isthmus_agent_api::MAX_BUCKET_TIME`]), which it does at 94 bit/s and above.
+pub const MIN_RATE_BPS: f64 = 100.0;
 pub const MAX_RATE_BPS: f64 = 1e12;
+
+/// CEL for the bits per second of the rate string at `path` (e.g. `self.bandwidth`), a double computed as
+/// [`parse_rate`] does.
+pub fn cel_rate_bits(path: &str) -> String {
+    format!(
+        "(double({path}.find('^[0-9.]+')) * ({path}.endsWith('Gbit') ? 1e9 : {path}.endsWith('Mbit') ? 1e6 : \
+         {path}.endsWith('kbit') ? 1e3 : 1.0))"
+    )
+}
+
+/// CEL for the bytes of the size string at `path` (e.g. `self.burst`), a double computed as [`parse_size`] does
+/// (a double, so that the largest sizes cannot overflow CEL's integers).
+pub fn cel_size_bytes(path: &str) -> String {
+    format!(
+        "(double({path}.find('^[0-9]+')) * ({path}.endsWith('GiB') ? 1073741824.0 : {path}.endsWith('MiB') ? \
+         1048576.0 : {path}.endsWith('KiB') ? 1024.0 : 1.0))"
+    )
+}
 
 /// Why a unit string was refused. The message is written for the person who typed the value.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -126,7 +146,7 @@ pub fn parse_rate(input: &str) -> Result<u64, UnitError> {
     let number = &input[..input.len() - unit.len()];
     let value = number.parse::<f64>().map_err(|_| err(input, "not a number"))? * multiplier;
     if !(MIN_RATE_BPS..=MAX_RATE_BPS).contains(&value) {
-        return Err(err(input, "must be between 8bit (one byte a second) and 1000Gbit"));
+        return Err(err(input, "must be between 100bit and 1000Gbit"));
     }
     Ok(value.round() as u64)
 }
@@ -206,9 +226,10 @@ mod tests {
         assert_eq!(parse_rate("100Mbit").unwrap(), 100_000_000);
         assert_eq!(parse_rate("1.5Gbit").unwrap(), 1_500_000_000);
         assert_eq!(parse_rate("64kbit").unwrap(), 64_000);
-        assert_eq!(parse_rate("8bit").unwrap(), 8);
+        assert_eq!(parse_rate("100bit").unwrap(), 100);
         assert_eq!(parse_rate("1000Gbit").unwrap(), 1_000_000_000_000);
-        assert!(parse_rate("7bit").is_err());
+        assert!(parse_rate("99bit").is_err());
+        assert!(parse_rate("8bit").is_err(), "a default bucket would take 3,200 s to refill");
         assert!(parse_rate("1000.1Gbit").is_err());
         for bad in ["100mbps", "100Mbps", "100MBps", "1MB", "100mbit", "100", "1Kbit", "1Tbit"] {
             assert!(parse_rate(bad).is_err(), "{bad:?} must be refused");

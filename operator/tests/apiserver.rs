@@ -95,6 +95,24 @@ fn invalid_cases() -> Vec<(&'static str, Value, &'static str)> {
         ("bandwidth in mbps", imp(json!({"bandwidth": "100mbps"})), "spec.impairment.bandwidth"),
         ("bandwidth in MBps", imp(json!({"bandwidth": "100MBps"})), "spec.impairment.bandwidth"),
         ("bandwidth below 8bit", imp(json!({"bandwidth": "4bit"})), "spec.impairment.bandwidth"),
+        // The default bucket (3,200 bytes) would take 3,200 s to refill at 8 bit/s; the kernel's holds 274 s.
+        ("bandwidth below 100bit", imp(json!({"bandwidth": "8bit"})), "spec.impairment.bandwidth"),
+        (
+            "burst too deep for the bandwidth",
+            imp(json!({"bandwidth": "1kbit", "burst": "34251B"})),
+            "spec.impairment.burst",
+        ),
+        (
+            "burst too deep for the profile's uplink",
+            json!({"profile": "edge", "impairment": {"burst": "8MiB"}}),
+            "spec.impairment.burst",
+        ),
+        (
+            "reverse burst too deep for the profile's downlink",
+            json!({"profile": "edge", "reverse": {"burst": "8MiB"}}),
+            "spec.reverse.burst",
+        ),
+        ("jitter wider than netem's", imp(json!({"jitter": "2.2s"})), "spec.impairment.jitter"),
         ("bandwidth above 1000Gbit", imp(json!({"bandwidth": "2000Gbit"})), "spec.impairment.bandwidth"),
         ("bandwidth without unit", imp(json!({"bandwidth": "100"})), "spec.impairment.bandwidth"),
         ("burst without bandwidth", imp(json!({"burst": "32KiB"})), "spec.impairment.burst"),
@@ -166,7 +184,10 @@ fn valid_cases() -> Vec<(&'static str, Value)> {
             "one-way profile across namespaces",
             json!({"profile": "geo-satellite", "oneWay": true, "impairment": null, "to": {"namespaceSelector": {"matchLabels": {"env": "prod"}}}}),
         ),
-        ("bandwidth bounds", json!({"impairment": {"bandwidth": "8bit"}, "reverse": {"bandwidth": "1000Gbit"}})),
+        ("bandwidth bounds", json!({"impairment": {"bandwidth": "100bit"}, "reverse": {"bandwidth": "1000Gbit"}})),
+        ("the deepest burst", json!({"impairment": {"bandwidth": "1kbit", "burst": "34250B"}})),
+        ("a burst the profile's uplink sends in time", json!({"profile": "edge", "impairment": {"burst": "6MiB"}})),
+        ("the widest jitter", json!({"impairment": {"latency": "3s", "jitter": "2.147483647s"}})),
         ("verification off", json!({"verify": false})),
         ("verification on, said explicitly", json!({"verify": true})),
     ]

@@ -169,6 +169,9 @@ pub const MAX_JITTER: Duration = Duration::from_nanos(i32::MAX as u64);
 /// emulating (10 Gbit/s for 1.2 s), yet a number the node's kernel can hold. The agent's queue budgets cut
 /// further (16 MiB per destination by default).
 pub const MAX_QUEUE_LIMIT_PACKETS: u32 = 1_000_000;
+/// The longest a token bucket may take to refill at its rate: the kernel keeps TBF's bucket as 32-bit ticks of
+/// 64 ns (274.88 s), and a whole second below it leaves room for the rounding of its rate arithmetic.
+pub const MAX_BUCKET_TIME: Duration = Duration::from_secs(274);
 
 /// What happens to packets of one direction of a link: [`ImpairmentFields`] that passed the checks. Read it
 /// through [`Impairment::fields`]; `Impairment::default()` passes traffic unchanged.
@@ -258,6 +261,17 @@ impl ImpairmentFields {
                     format!("{b} bytes is smaller than one full-size packet (1600 bytes)"),
                 ));
             }
+            if let Some(rate) = self.rate_bps
+                && u128::from(b) * 8 > u128::from(rate) * u128::from(MAX_BUCKET_TIME.as_secs())
+            {
+                return Err(ImpairmentError::new(
+                    "burst",
+                    format!(
+                        "{b} bytes take longer than {MAX_BUCKET_TIME:?} to send at {rate} bit/s, the most the \
+                         kernel's token bucket holds: a smaller burst or a higher bandwidth"
+                    ),
+                ));
+            }
         }
         match self.queue_limit_packets {
             Some(0) => return Err(ImpairmentError::new("queueLimit", "0 packets would drop everything")),
@@ -321,6 +335,13 @@ mod tests {
         assert_eq!(check(zero_rate).unwrap_err().field, "rate");
         let burst_alone = ImpairmentFields { burst_bytes: Some(32_000), ..Default::default() };
         assert_eq!(check(burst_alone).unwrap_err().field, "burst");
+        // 274 s at the rate is the deepest bucket; a byte more is refused, naming the burst.
+        let deepest = ImpairmentFields { rate_bps: Some(1000), burst_bytes: Some(34_250), ..Default::default() };
+        assert!(check(deepest).is_ok());
+        let deeper = ImpairmentFields { rate_bps: Some(1000), burst_bytes: Some(34_251), ..Default::default() };
+        let err = check(deeper).unwrap_err();
+        assert_eq!(err.field, "burst");
+        assert!(err.reason.contains("274s"), "{}", err.reason);
         let gap_alone = ImpairmentFields {
             latency: ms(10),
             reorder: Some(Reorder { percent: Percent::ZERO, correlation: Percent::ZERO, gap: 5 }),

@@ -18,7 +18,8 @@ pub mod test_util;
 pub mod tls;
 
 pub use impairment::{
-    Correlated, Impairment, ImpairmentError, ImpairmentFields, Loss, MAX_QUEUE_LIMIT_PACKETS, Percent, Reorder,
+    Correlated, Impairment, ImpairmentError, ImpairmentFields, Loss, MAX_BUCKET_TIME, MAX_QUEUE_LIMIT_PACKETS, Percent,
+    Reorder,
 };
 pub use plan::*;
 

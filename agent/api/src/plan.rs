@@ -176,6 +176,20 @@ pub struct PodResult {
     /// Destinations whose `queueLimit` the agent's queue budget cut (installed with a shorter queue).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub queue_caps: Vec<QueueCap>,
+    /// Destinations the agent installed nothing for, each with why (an impairment the kernel cannot hold, in
+    /// the link's own form or in one of its schedule's phases): one such destination fails alone, and the
+    /// pod's other destinations are applied (`outcome` speaks for them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refused: Vec<RefusedDestination>,
+}
+
+/// A destination of a pod's plan that the agent refused, leaving the pod's traffic to it unimpaired.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RefusedDestination {
+    pub destination: IpNet,
+    pub link: LinkRef,
+    pub error: PodError,
 }
 
 /// A destination installed with a shorter queue than its `queueLimit` asked for: the agent holds every queue to
@@ -357,6 +371,7 @@ mod tests {
             outcome: PodOutcome::Failed(PodError { kind: PodErrorKind::HostNetwork, message: "m".into() }),
             mutations: 0,
             queue_caps: Vec::new(),
+            refused: Vec::new(),
         };
         let json = serde_json::to_value(&result).unwrap();
         assert_eq!(json["outcome"]["state"], "failed");

@@ -94,14 +94,17 @@ impl DesiredState {
     }
 }
 
-/// Limits of the kernel's fields that an [`Impairment`]'s own checks do not know about.
-fn check_representable(dst: IpNet, imp: &ImpairmentFields) -> Result<(), DatapathError> {
+/// Limits of the kernel's fields that an [`Impairment`]'s own checks do not know about; the error names `dst`
+/// and the field. The apply checks each destination with it first, so that one the kernel cannot hold is refused
+/// alone.
+pub fn check_representable(dst: IpNet, imp: &ImpairmentFields) -> Result<(), DatapathError> {
     // The kernel keeps TBF's bucket as 32-bit psched ticks (at most 275 s of sending at the rate).
     if let Some(rate) = imp.rate_bps
         && tbf_buffer_ticks((rate / 8).max(1), burst_bytes(imp)) > u64::from(u32::MAX)
     {
         let burst = burst_bytes(imp);
-        let field = if imp.burst_bytes.is_some() { "burst" } else { "rate" };
+        // The NetworkLink's names for the fields, so that the status names what the user wrote.
+        let field = if imp.burst_bytes.is_some() { "burst" } else { "bandwidth" };
         return Err(DatapathError::invalid(
             Some(dst),
             field,
@@ -136,7 +139,7 @@ mod tests {
 
         let crawl = DesiredState::new([(net("10.0.0.1/32"), rate(64))]);
         let text = crawl.unwrap_err().to_string();
-        assert!(text.contains("rate") && text.contains("275 s"), "{text}");
+        assert!(text.contains("bandwidth") && text.contains("275 s"), "{text}");
 
         let too_many = DesiredState::new(
             (0..=MAX_DESTINATIONS as u32)

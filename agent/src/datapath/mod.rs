@@ -33,7 +33,7 @@ pub(crate) mod socket;
 pub mod tree;
 pub mod units;
 
-pub use desired::DesiredState;
+pub use desired::{DesiredState, check_representable};
 pub use error::{DatapathError, Place};
 pub use probe::probe;
 pub use queue::{QueueBound, QueueBudget, QueueBudgetError};

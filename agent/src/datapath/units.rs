@@ -33,7 +33,9 @@ pub fn tbf_for(imp: &ImpairmentFields, bound: QueueBound) -> Option<Tbf> {
     };
     Some(Tbf {
         rate_bytes_per_sec: rate,
-        buffer_ticks: tbf_buffer_ticks(rate, burst) as u32,
+        // `check_representable` refuses a bucket past the kernel's 32 bits before anything is built; saturating
+        // here keeps a miss from wrapping to a tiny bucket.
+        buffer_ticks: u32::try_from(tbf_buffer_ticks(rate, burst)).unwrap_or(u32::MAX),
         limit_bytes: limit.min(bound.bytes()).min(u64::from(u32::MAX)) as u32,
     })
 }

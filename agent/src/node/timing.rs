@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use isthmus_agent_api::schedule::{Cursor, Position, Timeline};
-use isthmus_agent_api::{LinkRef, LinkTimeline};
+use isthmus_agent_api::{Impairment, LinkRef, LinkTimeline};
 
 use super::plan::Destination;
 
@@ -34,6 +34,12 @@ impl Timelines {
     /// Whether `link`'s impairment changes with time.
     pub fn has(&self, link: &LinkRef) -> bool {
         self.0.contains_key(link)
+    }
+
+    /// Every impairment `link`'s timeline can put in force, besides the link's own (none when it has no
+    /// timeline).
+    pub fn phase_impairments(&self, link: &LinkRef) -> impl Iterator<Item = &Arc<Impairment>> {
+        self.0.get(link).into_iter().flat_map(|(timeline, _)| timeline.phases().iter().map(|p| &p.impairment))
     }
 
     /// Where each link's timeline stands at `now_ms`.

@@ -95,8 +95,8 @@ quantity!(
             "rule": format!("self.matches(r'{}')", units::RATE_PATTERN),
             "message": "must be bits per second such as 100Mbit, 1.5Gbit or 64kbit (units bit, kbit, Mbit, Gbit); mbps, MBps and bps are refused as ambiguous",
         }, {
-            "rule": "double(self.find('^[0-9.]+')) * (self.endsWith('Gbit') ? 1e9 : self.endsWith('Mbit') ? 1e6 : self.endsWith('kbit') ? 1e3 : 1.0) >= 8.0 && double(self.find('^[0-9.]+')) * (self.endsWith('Gbit') ? 1e9 : self.endsWith('Mbit') ? 1e6 : self.endsWith('kbit') ? 1e3 : 1.0) <= 1e12",
-            "message": "must be between 8bit and 1000Gbit (bits per second, e.g. 100Mbit; mbps/MBps are ambiguous, write Mbit)",
+            "rule": format!("{rate} >= {min:.1} && {rate} <= 1e12", rate = units::cel_rate_bits("self"), min = units::MIN_RATE_BPS),
+            "message": "must be between 100bit and 1000Gbit (bits per second, e.g. 100Mbit; mbps/MBps are ambiguous, write Mbit)",
         }],
     })
 );

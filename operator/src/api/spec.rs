@@ -5,10 +5,42 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::profile::Profile;
+use isthmus_agent_api::MAX_BUCKET_TIME;
+use isthmus_agent_api::impairment::MAX_JITTER;
+
+use super::profile::{PresetDirection, Profile};
 use super::quantity::{BurstValue, CidrValue, DurationValue, PercentValue, RateValue};
 use super::schedule::ScheduleSpec;
 use super::status::NetworkLinkStatus;
+use crate::units;
+
+/// Why a burst is refused at admission: [`isthmus_agent_api::ImpairmentFields`] refuses it for the same reason.
+const BURST_TOO_DEEP: &str = "burst takes longer than 274s to send at the bandwidth, the most the kernel's token bucket holds: a smaller burst or a higher bandwidth";
+
+/// CEL: when `has_rate` holds, the `burst` of the impairment at `parent` (a CEL path) is sent within
+/// [`MAX_BUCKET_TIME`] at `rate_bits` (a CEL double of bits per second).
+fn burst_fits(parent: &str, rate_bits: &str, has_rate: &str) -> String {
+    format!(
+        "!has({parent}.burst) || !({has_rate}) || {bytes} * 8.0 <= {seconds}.0 * {rate_bits}",
+        bytes = units::cel_size_bytes(&format!("{parent}.burst")),
+        seconds = MAX_BUCKET_TIME.as_secs(),
+    )
+}
+
+/// CEL at the spec's level: a burst in `direction` (`impairment` or `reverse`) that takes its bandwidth from the
+/// profile (`preset` gives that direction's) fits the profile's rate.
+fn burst_fits_profile(direction: &str, preset: fn(Profile) -> PresetDirection) -> String {
+    let rates: Vec<String> = Profile::ALL
+        .iter()
+        .map(|&p| {
+            let name = serde_json::to_value(p).expect("a profile serializes");
+            format!("{name}: {:.1}", preset(p).rate_bps as f64).replace('"', "'")
+        })
+        .collect();
+    let rate = format!("{{{}}}[self.profile]", rates.join(", "));
+    let has_rate = format!("has(self.profile) && !has(self.{direction}.bandwidth)");
+    format!("!has(self.{direction}) || ({})", burst_fits(&format!("self.{direction}"), &rate, &has_rate))
+}
 
 /// The reverse direction is in force (CEL): explicit `reverse`, `symmetric`, or a profile's downlink.
 macro_rules! cel_reverse_in_force {
@@ -82,6 +114,12 @@ macro_rules! cel_reverse_in_force {
 #[x_kube(validation = Rule::new("!has(self.impairment) || !has(self.impairment.burst) || has(self.impairment.bandwidth) || has(self.profile)")
     .message("burst is the token bucket of a bandwidth limit, so it needs bandwidth (or a profile)")
     .field_path(".impairment.burst"))]
+#[x_kube(validation = Rule::new(burst_fits_profile("impairment", Profile::uplink))
+    .message(BURST_TOO_DEEP)
+    .field_path(".impairment.burst"))]
+#[x_kube(validation = Rule::new(burst_fits_profile("reverse", Profile::downlink))
+    .message(BURST_TOO_DEEP)
+    .field_path(".reverse.burst"))]
 #[x_kube(validation = Rule::new("!has(self.reverse) || !has(self.reverse.burst) || has(self.reverse.bandwidth) || has(self.profile)")
     .message("burst is the token bucket of a bandwidth limit, so it needs bandwidth (or a profile)")
     .field_path(".reverse.burst"))]
@@ -183,6 +221,12 @@ pub enum ServiceInclusion {
 #[x_kube(validation = Rule::new("!has(self.jitterCorrelation) || (has(self.jitter) && duration(self.jitter) > duration('0s'))")
     .message("jitterCorrelation needs a jitter above 0")
     .field_path(".jitterCorrelation"))]
+#[x_kube(validation = Rule::new(format!("!has(self.jitter) || duration(self.jitter) <= duration('{}ns')", MAX_JITTER.as_nanos()))
+    .message("must be at most 2.147483647s, the widest jitter the kernel's netem applies (31 bits of nanoseconds)")
+    .field_path(".jitter"))]
+#[x_kube(validation = Rule::new(burst_fits("self", &units::cel_rate_bits("self.bandwidth"), "has(self.bandwidth)"))
+    .message(BURST_TOO_DEEP)
+    .field_path(".burst"))]
 #[serde(rename_all = "camelCase")]
 pub struct ImpairmentSpec {
     /// One-way delay added to every packet, e.g. `120ms`, `1.5s`, `500us`. A round trip sees the forward

@@ -2,7 +2,7 @@
 //! that had its impairments confirmed a plan without them (`finalizer.rs` decides), or a bounded wait ran out.
 //! Patches go out in the background, at most one per link at a time.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, Patch, PatchParams};
@@ -10,7 +10,11 @@ use kube::runtime::events::{Event as KubeEvent, EventType};
 use tokio::time::Instant;
 
 use super::Controller;
-use super::finalizer::{Cleanup, FINALIZER, cleanup_state, finalizers_patch, plan_uses};
+use isthmus_agent_api::NodePlan;
+
+use super::finalizer::{
+    Cleanup, FINALIZER, cleanup_state, finalizers_patch, gone_note, incomplete_patch, plan_uses, timed_out_note,
+};
 use crate::api::{NetworkLink, StoredLink};
 use crate::index::ObjectKey;
 
@@ -18,7 +22,17 @@ use crate::index::ObjectKey;
 #[derive(Debug, Clone)]
 pub(super) struct PendingCleanup {
     affected: BTreeSet<String>,
+    /// The pods (`namespace/name`) the link shaped on each affected node: what a timed-out cleanup names.
+    pods: BTreeMap<String, BTreeSet<String>>,
     deadline: Instant,
+}
+
+/// The pods (`namespace/name`) of `plan` whose entries use the link.
+fn pods_using(plan: &NodePlan, link: &ObjectKey) -> impl Iterator<Item = String> {
+    plan.pods
+        .iter()
+        .filter(|p| p.destinations.iter().any(|d| d.link.namespace == link.namespace && d.link.name == link.name))
+        .map(|p| format!("{}/{}", p.namespace, p.name))
 }
 
 impl Controller {
@@ -31,20 +45,23 @@ impl Controller {
             self.planner.apply_link(link);
             self.recompute();
         }
-        let mut affected: BTreeSet<String> =
-            self.planner.node_plans().filter(|p| plan_uses(p, &key)).map(|p| p.node.clone()).collect();
+        let mut pods: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for plan in self.planner.node_plans().filter(|p| plan_uses(p, &key)) {
+            pods.entry(plan.node.clone()).or_default().extend(pods_using(plan, &key));
+        }
         {
             let reports = self.reports.lock().unwrap_or_else(|p| p.into_inner());
             for (node, r) in reports.iter() {
-                if r.applied.as_ref().is_some_and(|a| plan_uses(&a.plan, &key)) {
-                    affected.insert(node.clone());
+                if let Some(applied) = r.applied.as_ref().filter(|a| plan_uses(&a.plan, &key)) {
+                    pods.entry(node.clone()).or_default().extend(pods_using(&applied.plan, &key));
                 }
             }
         }
+        let affected: BTreeSet<String> = pods.keys().cloned().collect();
         tracing::info!(link = %key, nodes = affected.len(), "link deleted; removing its impairments");
         self.planner.delete_link(&key);
         let deadline = Instant::now() + self.ctx.config.cleanup_timeout;
-        self.cleanups.insert(key, PendingCleanup { affected, deadline });
+        self.cleanups.insert(key, PendingCleanup { affected, pods, deadline });
     }
 
     /// Releases the finalizer of each deleted link whose nodes are done, or whose wait ran out.
@@ -53,29 +70,22 @@ impl Controller {
         let now = Instant::now();
         for (key, pending) in &self.cleanups {
             let Some(meta) = self.links.get(key) else { continue };
-            let (note, warn) = match cleanup_state(key, &pending.affected, &self.nodes, &reports) {
-                Cleanup::Done { gone_nodes } if gone_nodes.is_empty() => (None, false),
-                Cleanup::Done { gone_nodes } => (
-                    Some(format!("node(s) {} no longer exist; nothing to clean up there", gone_nodes.join(", "))),
-                    false,
-                ),
-                Cleanup::Waiting { nodes, leftovers } if now >= pending.deadline => (
-                    Some(format!(
-                        "removed the finalizer after {:?} although node(s) {} did not confirm removing this link's impairments{}",
-                        self.ctx.config.cleanup_timeout,
-                        nodes.join(", "),
-                        if leftovers.is_empty() {
-                            String::new()
-                        } else {
-                            format!("; trees the agents could not remove: {}", leftovers.join("; "))
-                        }
-                    )),
-                    true,
-                ),
+            let remaining: Vec<String> = meta.finalizers.iter().filter(|f| *f != FINALIZER).cloned().collect();
+            let version = meta.resource_version.as_deref();
+            let (patch, note, warn) = match cleanup_state(key, &pending.affected, &self.nodes, &reports) {
+                Cleanup::Done { gone_nodes } if gone_nodes.is_empty() => {
+                    (finalizers_patch(&remaining, version), None, false)
+                }
+                Cleanup::Done { gone_nodes } => {
+                    (finalizers_patch(&remaining, version), Some(gone_note(&gone_nodes)), false)
+                }
+                Cleanup::Waiting { nodes, leftovers } if now >= pending.deadline => {
+                    let note = timed_out_note(self.ctx.config.cleanup_timeout, &nodes, &pending.pods, &leftovers);
+                    tracing::warn!(link = %key, nodes = %nodes.join(","), "{note}");
+                    (incomplete_patch(&remaining, version, &note), Some(note), true)
+                }
                 Cleanup::Waiting { .. } => continue,
             };
-            let remaining: Vec<String> = meta.finalizers.iter().filter(|f| *f != FINALIZER).cloned().collect();
-            let patch = finalizers_patch(&remaining, meta.resource_version.as_deref());
             let event = note.map(|note| KubeEvent {
                 type_: if warn { EventType::Warning } else { EventType::Normal },
                 reason: if warn { "CleanupTimedOut" } else { "CleanupSkippedNode" }.into(),

@@ -11,6 +11,63 @@ use super::nodes::NodeReport;
 use crate::index::ObjectKey;
 
 pub const FINALIZER: &str = "isthmus.dev/cleanup";
+/// Set on a deleted link in the patch that drops its finalizer after the wait ran out: what may remain impaired.
+/// The uninstall hook reads it from the link's last state and fails with it.
+pub const INCOMPLETE_ANNOTATION: &str = "isthmus.dev/cleanup-incomplete";
+/// The most an Event's note may hold: the API server refuses a longer one (events.k8s.io/v1).
+pub const MAX_NOTE_BYTES: usize = 1024;
+
+/// Why a deleted link's finalizer went before its nodes confirmed, within [`MAX_NOTE_BYTES`]: the nodes that did
+/// not confirm, each with the pods whose impairment may remain there, then the trees the agents could not remove.
+/// Whatever does not fit is counted, never cut mid-name.
+pub fn timed_out_note(
+    timeout: std::time::Duration,
+    waiting: &[String],
+    pods: &BTreeMap<String, BTreeSet<String>>,
+    leftovers: &[String],
+) -> String {
+    let mut note = format!(
+        "removed the finalizer after {timeout:?} although {} node(s) did not confirm removing this link's \
+         impairments, which may remain on: ",
+        waiting.len()
+    );
+    let mut items: Vec<String> = waiting
+        .iter()
+        .map(|node| match pods.get(node).filter(|p| !p.is_empty()) {
+            Some(p) => format!("node {node} (pods {})", p.iter().cloned().collect::<Vec<_>>().join(", ")),
+            None => format!("node {node}"),
+        })
+        .collect();
+    items.extend(leftovers.iter().map(|l| format!("tree {l}")));
+    append_fitting(&mut note, &items, MAX_NOTE_BYTES);
+    note
+}
+
+/// Why a deleted link's finalizer went although some of its nodes never confirmed: they no longer exist. Within
+/// [`MAX_NOTE_BYTES`].
+pub fn gone_note(gone_nodes: &[String]) -> String {
+    let mut note = "nothing to clean up on node(s) that no longer exist: ".to_owned();
+    append_fitting(&mut note, gone_nodes, MAX_NOTE_BYTES);
+    note
+}
+
+/// Appends `items` to `out`, comma-separated, while they fit within `limit` bytes with room for the count of
+/// those left out (" and N more"); an item that does not fit whole is left out whole.
+fn append_fitting(out: &mut String, items: &[String], limit: usize) {
+    const ROOM: usize = " and 9999999 more".len();
+    for (i, item) in items.iter().enumerate() {
+        let separator = if i == 0 { "" } else { ", " };
+        let last = i + 1 == items.len();
+        let reserve = if last { 0 } else { ROOM };
+        if out.len() + separator.len() + item.len() + reserve > limit {
+            let left = items.len() - i;
+            out.push_str(&if i == 0 { format!("{left}, too long to list") } else { format!(" and {left} more") });
+            return;
+        }
+        out.push_str(separator);
+        out.push_str(item);
+    }
+}
 
 /// Whether a plan still asks for anything of the link.
 pub fn plan_uses(plan: &NodePlan, link: &ObjectKey) -> bool {
@@ -75,6 +132,13 @@ pub fn cleanup_state(
 /// a concurrent change makes it fail (409) instead of dropping someone else's finalizer.
 pub fn finalizers_patch(finalizers: &[String], resource_version: Option<&str>) -> serde_json::Value {
     json!({"metadata": {"finalizers": finalizers, "resourceVersion": resource_version}})
+}
+
+/// [`finalizers_patch`] that also records, in [`INCOMPLETE_ANNOTATION`], what the cleanup may have left.
+pub fn incomplete_patch(finalizers: &[String], resource_version: Option<&str>, note: &str) -> serde_json::Value {
+    let mut patch = finalizers_patch(finalizers, resource_version);
+    patch["metadata"]["annotations"] = json!({ INCOMPLETE_ANNOTATION: note });
+    patch
 }
 
 #[cfg(test)]
@@ -182,5 +246,36 @@ mod tests {
     fn the_patch_is_guarded_by_the_resource_version() {
         let p = finalizers_patch(&["other.io/x".into()], Some("42"));
         assert_eq!(p, json!({"metadata": {"finalizers": ["other.io/x"], "resourceVersion": "42"}}));
+    }
+
+    #[test]
+    fn a_timed_out_note_names_nodes_and_pods_and_stays_within_an_events_limit() {
+        let pods = BTreeMap::from([("n1".to_string(), set(&["default/a", "default/b"]))]);
+        let note = timed_out_note(std::time::Duration::from_secs(3), &["n1".into(), "n2".into()], &pods, &[]);
+        assert!(note.ends_with("may remain on: node n1 (pods default/a, default/b), node n2"), "{note}");
+        assert!(note.contains("after 3s") && note.contains("2 node(s)"), "{note}");
+
+        // Thousands of nodes and pods: the note names what fits and counts the rest.
+        let waiting: Vec<String> = (0..5000).map(|i| format!("node-with-a-long-name-{i:05}")).collect();
+        let pods: BTreeMap<String, BTreeSet<String>> =
+            waiting.iter().map(|n| (n.clone(), (0..50).map(|p| format!("tenant/pod-{p}")).collect())).collect();
+        let note = timed_out_note(std::time::Duration::from_secs(300), &waiting, &pods, &["n: pod x: EPERM".into()]);
+        assert!(note.len() <= MAX_NOTE_BYTES, "{} bytes", note.len());
+        let named = note.matches("node node-with-a-long-name-").count();
+        let more: usize = note.rsplit(" and ").next().and_then(|t| t.strip_suffix(" more")).unwrap().parse().unwrap();
+        assert!(named >= 1 && named + more == 5001, "every node and the tree named or counted: {note}");
+
+        // One item too long for the note on its own is counted, not cut.
+        let note = timed_out_note(std::time::Duration::from_secs(1), &["x".repeat(2000)], &BTreeMap::new(), &[]);
+        assert!(note.ends_with("may remain on: 1, too long to list"), "{note}");
+    }
+
+    #[test]
+    fn the_incomplete_patch_carries_the_note() {
+        let p = incomplete_patch(&[], Some("7"), "node n1");
+        assert_eq!(
+            p,
+            json!({"metadata": {"finalizers": [], "resourceVersion": "7", "annotations": {INCOMPLETE_ANNOTATION: "node n1"}}})
+        );
     }
 }

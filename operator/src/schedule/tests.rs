@@ -189,3 +189,15 @@ fn the_shape_is_checked_even_past_an_older_schema() {
     );
     assert_eq!(at.forward.unwrap().fields().start_unix_ms, 1_796_083_200_000);
 }
+
+#[test]
+fn a_phase_whose_bandwidth_the_links_burst_outlasts_is_refused_naming_the_phase() {
+    // 1 MiB at 1 Mbit/s is sent in 8.4 s; at 10 kbit/s it would take 839 s, past the kernel's 274 s bucket.
+    let e = refused(
+        "impairment: {bandwidth: 1Mbit, burst: 1MiB}\noneWay: true\n\
+         schedule: {phases: [{duration: 1s}, {duration: 1s, impairment: {bandwidth: 10kbit}}]}\n",
+        None,
+    );
+    assert!(e.field.starts_with("spec.schedule.phases[1]"), "{e:?}");
+    assert!(e.to_string().contains("274s"), "{e}");
+}

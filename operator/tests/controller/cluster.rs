@@ -238,13 +238,14 @@ pub fn condition(link: &NetworkLink, type_: &str) -> Option<(String, String)> {
 }
 
 pub async fn event_reasons(client: &Client, ns: &str, link: &str) -> Vec<String> {
+    events_of(client, ns, link).await.into_iter().filter_map(|e| e.reason).collect()
+}
+
+/// The Events regarding the NetworkLink `link`.
+pub async fn events_of(client: &Client, ns: &str, link: &str) -> Vec<K8sEvent> {
     let events: Api<K8sEvent> = Api::namespaced(client.clone(), ns);
     let list = events.list(&ListParams::default()).await.unwrap();
-    list.items
-        .into_iter()
-        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(link))
-        .filter_map(|e| e.reason)
-        .collect()
+    list.items.into_iter().filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(link)).collect()
 }
 
 /// A real `isthmus-agent` process on 127.0.0.1 that sees no network namespace at all (empty `--proc` and

@@ -107,22 +107,32 @@ async fn finalizer_and_status_follow_the_link() {
         (s.pairs == 2 && l.metadata.finalizers.as_ref()?.iter().any(|f| f == FINALIZER)).then_some(())
     })
     .await;
+    // The chart's uninstall hook deletes it: the finalizer holds the link while the node has not confirmed, goes
+    // after the timeout, and the hook then fails, naming the node and the pod that may still be impaired.
     let started = std::time::Instant::now();
-    links.delete("stuck", &DeleteParams::default()).await.unwrap();
+    let hook = tokio::spawn(isthmus_operator::uninstall::delete_all_and_wait(client.clone(), Duration::from_secs(60)));
+    eventually("stuck link deleting", || async {
+        links.get_opt("stuck").await.ok()??.metadata.deletion_timestamp.map(|_| ())
+    })
+    .await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(
         links.get_opt("stuck").await.unwrap().is_some(),
         "the finalizer holds the link while the node has not confirmed"
     );
-    eventually("stuck link gone after the timeout", || async {
-        links.get_opt("stuck").await.ok()?.is_none().then_some(())
-    })
-    .await;
+    let error = hook.await.unwrap().expect_err("the hook fails once a cleanup gave up");
+    let text = error.to_string();
     assert!(started.elapsed() >= Duration::from_secs(3), "not before the cleanup timeout");
-    eventually("timeout event", || async {
-        event_reasons(&client, &ns, "stuck").await.iter().any(|r| r == "CleanupTimedOut").then_some(())
+    assert!(links.get_opt("stuck").await.unwrap().is_none(), "the link is gone");
+    for needle in [format!("{ns}/stuck"), format!("node {node_name}"), format!("{ns}/client-1")] {
+        assert!(text.contains(&needle), "the hook's error names {needle}: {text}");
+    }
+    let event = eventually("timeout event", || async {
+        events_of(&client, &ns, "stuck").await.into_iter().find(|e| e.reason.as_deref() == Some("CleanupTimedOut"))
     })
     .await;
+    let note = event.note.unwrap_or_default();
+    assert!(note.contains(&node_name) && note.contains(&format!("{ns}/client-1")), "{note}");
 
     running.stop().await;
     let _ = nodes.delete(&node_name, &DeleteParams::default()).await;

@@ -153,6 +153,7 @@ impl FakeAgents {
                 },
                 mutations: 1,
                 queue_caps: Vec::new(),
+                refused: Vec::new(),
             })
             .collect();
         Ok(reply(agent, plan.version, false))

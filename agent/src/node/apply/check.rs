@@ -1,13 +1,16 @@
 //! Step 1 of an apply: every entry of the plan checked on its own, so that one pod's error is that pod's only;
 //! and the per-pod results the apply reports.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
-use isthmus_agent_api::{PodError, PodErrorKind, PodOutcome, PodPlan, PodResult, QueueCap};
+use isthmus_agent_api::{
+    LinkRef, PodError, PodErrorKind, PodOutcome, PodPlan, PodResult, QueueCap, RefusedDestination,
+};
 
 use super::PodJob;
 use crate::datapath::units::queue_cap;
-use crate::datapath::{QueueBound, QueueBudget};
+use crate::datapath::{QueueBound, QueueBudget, check_representable};
 use crate::node::plan::{Destination, PlanPod};
 use crate::node::state::desired_state;
 use crate::node::timing::Timelines;
@@ -89,14 +92,46 @@ fn check_pod(
     if let Err(message) = check_interface_name(&pod.interface) {
         return refuse(PodErrorKind::InvalidPlan, format!("pods[{index}].interface: {message}"), true);
     }
+    let (destinations, refused) = split_refused(destinations, timelines);
     let in_force = timelines.in_force(&destinations, now_ms);
     match desired_state(&in_force, budget) {
         Ok(desired) => {
             let queue_caps = queue_caps(&in_force, desired.queue_bound());
-            Ok(PodJob { index, pod, destinations, desired, queue_caps })
+            Ok(PodJob { index, pod, destinations, desired, queue_caps, refused })
         }
         Err(e) => refuse(e.kind(), format!("pods[{index}]: {e}"), true),
     }
+}
+
+/// The destinations the kernel can hold, and the ones it cannot — in the link's own impairment or in any phase
+/// its schedule can put in force — each refused alone with why. A link's phases are checked once per pod, however
+/// many of its destinations the pod has.
+fn split_refused(destinations: Vec<Destination>, timelines: &Timelines) -> (Vec<Destination>, Vec<RefusedDestination>) {
+    // Whether each link's phases all fit, by the link's one allocation (the plan interns them); a link's whose
+    // do not is checked again for each of its destinations, so that every message names its own (the rare path).
+    let mut phases_fit: HashMap<*const LinkRef, bool> = HashMap::new();
+    let check_phases = |net, link: &LinkRef| {
+        timelines.phase_impairments(link).try_for_each(|phase| {
+            check_representable(net, phase.fields()).map_err(|e| format!("a phase of the link's schedule: {e}"))
+        })
+    };
+    let mut kept = Vec::with_capacity(destinations.len());
+    let mut refused = Vec::new();
+    for (net, impairment, link) in destinations {
+        let verdict = check_representable(net, impairment.fields()).map_err(|e| e.to_string()).and_then(|()| {
+            let fits = *phases_fit.entry(Arc::as_ptr(&link)).or_insert_with(|| check_phases(net, &link).is_ok());
+            if fits { Ok(()) } else { check_phases(net, &link) }
+        });
+        match verdict {
+            Ok(()) => kept.push((net, impairment, link)),
+            Err(message) => refused.push(RefusedDestination {
+                destination: net,
+                link: (*link).clone(),
+                error: PodError { kind: PodErrorKind::InvalidPlan, message },
+            }),
+        }
+    }
+    (kept, refused)
 }
 
 /// The destinations whose `queueLimit` `bound` cuts.
@@ -121,7 +156,12 @@ fn check_interface_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-pub(super) fn applied_pod(pod: &PodPlan, mutations: usize, queue_caps: Vec<QueueCap>) -> PodResult {
+pub(super) fn applied_pod(
+    pod: &PodPlan,
+    mutations: usize,
+    queue_caps: Vec<QueueCap>,
+    refused: Vec<RefusedDestination>,
+) -> PodResult {
     PodResult {
         uid: pod.uid.clone(),
         namespace: pod.namespace.clone(),
@@ -129,6 +169,7 @@ pub(super) fn applied_pod(pod: &PodPlan, mutations: usize, queue_caps: Vec<Queue
         outcome: PodOutcome::Applied,
         mutations: mutations as u64,
         queue_caps,
+        refused,
     }
 }
 
@@ -140,6 +181,7 @@ fn failed(uid: &str, namespace: &str, name: &str, kind: PodErrorKind, message: S
         outcome: PodOutcome::Failed(PodError { kind, message }),
         mutations: 0,
         queue_caps: Vec::new(),
+        refused: Vec::new(),
     }
 }
 
@@ -187,5 +229,53 @@ mod tests {
             }],
             "only the explicit queueLimit is reported; the derived queue is cut silently"
         );
+    }
+
+    #[test]
+    fn a_destination_the_kernel_cannot_hold_is_refused_alone_in_its_own_impairment_or_a_phase() {
+        use isthmus_agent_api::LinkTimeline;
+        use isthmus_agent_api::schedule::{End, Phase, Timeline, TimelineFields};
+        use isthmus_agent_api::test_util::rate;
+
+        let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+        // 8 bit/s: the default bucket (3,200 bytes) would take 3,200 s to refill, the kernel holds 275 s.
+        let destinations = vec![
+            destination(ip("10.0.0.2"), rate(1_000_000), link("fine")),
+            destination(ip("10.0.0.3"), rate(8), link("crawl")),
+            destination(ip("10.0.0.4"), rate(1_000_000), link("flaps")),
+            destination(ip("10.0.0.5"), rate(1_000_000), link("flaps")),
+        ];
+        let phase = |impairment| Phase { duration_ms: 1000, impairment: Arc::new(impairment), name: String::new() };
+        let fields = TimelineFields {
+            start_unix_ms: 0,
+            phases: vec![phase(rate(2_000_000)), phase(rate(8))],
+            end: End::Repeat,
+            jitter: None,
+        };
+        let timelines =
+            Timelines::new(vec![LinkTimeline { link: link("flaps"), timeline: Timeline::try_from(fields).unwrap() }]);
+        let plan = NodePlan {
+            node: "n".into(),
+            version: 1,
+            pods: vec![pod("u", "p", &[ip("10.0.0.1")], destinations)],
+            ..Default::default()
+        };
+        // At 0 ms the first phase (2 Mbit/s) is in force; the second is refused all the same.
+        let progress = Progress::check(RawNodePlan::from(&plan).pods, QueueBudget::DEFAULT, &timelines, 0);
+        let [job] = progress.jobs.as_slice() else { panic!("the pod is reconciled: {:?}", progress.results) };
+        let kept: Vec<String> = job.destinations.iter().map(|d| d.0.to_string()).collect();
+        assert_eq!(kept, ["10.0.0.2/32"]);
+        assert_eq!(job.desired.len(), 1);
+        let refused: Vec<(String, &str)> =
+            job.refused.iter().map(|r| (r.destination.to_string(), r.link.name.as_str())).collect();
+        assert_eq!(
+            refused,
+            [("10.0.0.3/32".into(), "crawl"), ("10.0.0.4/32".into(), "flaps"), ("10.0.0.5/32".into(), "flaps")]
+        );
+        assert!(job.refused.iter().all(|r| r.error.kind == PodErrorKind::InvalidPlan));
+        let own = &job.refused[0].error.message;
+        assert!(own.contains("10.0.0.3/32") && own.contains("bandwidth") && own.contains("275 s"), "{own}");
+        let phased = &job.refused[1].error.message;
+        assert!(phased.contains("a phase of the link's schedule") && phased.contains("10.0.0.4/32"), "{phased}");
     }
 }

@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures::StreamExt;
-use isthmus_agent_api::{ApplyReply, LinkRef, PodErrorKind, PodOutcome, PodPlan, PodResult, QueueCap};
+use isthmus_agent_api::{
+    ApplyReply, LinkRef, PodErrorKind, PodOutcome, PodPlan, PodResult, QueueCap, RefusedDestination,
+};
 
 use self::check::{Progress, applied_pod, failed_pod};
 use super::plan::{Destination, RawNodePlan};
@@ -35,7 +37,7 @@ pub enum ApplyError {
 enum ApplyOutcome {
     /// Every pod applied.
     Applied,
-    /// Some pods failed.
+    /// Some pods failed, or some destinations were refused.
     Partial,
     /// Older than the plan in force: nothing done.
     Stale,
@@ -62,6 +64,9 @@ struct PodJob {
     desired: DesiredState,
     /// Destinations whose `queueLimit` the budgets cut, reported with the pod's result.
     queue_caps: Vec<QueueCap>,
+    /// Destinations left out of `destinations` and `desired` because the kernel cannot hold them, reported with
+    /// the pod's result.
+    refused: Vec<RefusedDestination>,
 }
 
 /// A pod whose namespace was found, with its kept connection while it is still in the same one.
@@ -175,12 +180,16 @@ impl Node {
         progress: &mut Progress,
     ) -> HashMap<String, Arc<InstalledPod>> {
         let mut installed = HashMap::new();
-        for Reconciled { job: PodJob { index, pod, destinations, queue_caps, .. }, netns, datapath, outcome } in
-            reconciled
+        for Reconciled {
+            job: PodJob { index, pod, destinations, queue_caps, refused, .. },
+            netns,
+            datapath,
+            outcome,
+        } in reconciled
         {
             let datapath = match outcome {
                 Ok(mutations) => {
-                    progress.results[index] = Some(applied_pod(&pod, mutations, queue_caps));
+                    progress.results[index] = Some(applied_pod(&pod, mutations, queue_caps, refused));
                     datapath
                 }
                 Err(e) => {
@@ -290,8 +299,20 @@ impl Node {
         let mut mutations = 0;
         let mut errors = 0;
         let mut capped = 0;
+        let mut refused = 0;
         for r in results {
             mutations += r.mutations;
+            if let Some(first) = r.refused.first() {
+                refused += r.refused.len() as i64;
+                tracing::warn!(
+                    pod = %format!("{}/{}", r.namespace, r.name),
+                    destinations = r.refused.len(),
+                    destination = %first.destination,
+                    link = %format!("{}/{}", first.link.namespace, first.link.name),
+                    error = %first.error.message,
+                    "destinations refused: the kernel cannot hold their impairment; the pod's others are applied"
+                );
+            }
             // One line per pod (its first cap as the example), not one per destination: a plan of 10,000.
             if let Some(cap) = r.queue_caps.first() {
                 capped += r.queue_caps.len() as i64;
@@ -311,10 +332,11 @@ impl Node {
                 tracing::warn!(pod = %format!("{}/{}", r.namespace, r.name), uid = %r.uid, kind = ?e.kind, error = %e.message, "pod not applied");
             }
         }
-        let outcome = if errors == 0 { ApplyOutcome::Applied } else { ApplyOutcome::Partial };
+        let outcome = if errors == 0 && refused == 0 { ApplyOutcome::Applied } else { ApplyOutcome::Partial };
         self.metrics.mutations.inc_by(mutations);
         self.metrics.pods_in_plan.set(results.len() as i64);
         self.metrics.queue_limits_capped.set(capped);
+        self.metrics.destinations_refused.set(refused);
         self.metrics.count_apply(outcome.label());
         self.metrics.apply_duration_seconds.observe(started.elapsed().as_secs_f64());
         let elapsed_ms = started.elapsed().as_millis() as u64;

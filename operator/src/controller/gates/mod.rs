@@ -4,7 +4,7 @@
 //!
 //! The rule, per gated pod (docs/networklink.md, "Readiness gate"):
 //! - `True`, `Applied`: the node's agent confirmed exactly the pod's desired entry (what a link counts in
-//!   `pairsApplied`, judged by the same [`judge`]);
+//!   `pairsApplied`, judged by the same rule, [`judge_entry`]), with no destination refused;
 //! - `True`, `NoLinks`: no link selects the pod as a source; `True`, `NoPairs`: links select it but give it no
 //!   destination. Its kernel needs nothing, so there is nothing to wait for;
 //! - `False`, a [`FailureReason`]: the entry failed (as the links' `status.failures` say), or the pod uses the host
@@ -27,7 +27,7 @@ use kube::core::SelectorExt;
 use serde_json::json;
 
 use super::nodes::NodeReport;
-use super::status::{Outcome, confirmed_outcome, judge};
+use super::status::{Outcome, judge_entry};
 use crate::failure::FailureReason;
 use crate::gate::{CONDITION_TYPE, GateCondition, GateReason};
 use crate::index::{Index, NamespaceScope, ObjectKey, PodInfo};
@@ -133,7 +133,7 @@ pub fn verdict(planner: &Planner, reports: &BTreeMap<String, NodeReport>, key: &
     if let Some((node, entry)) = planner.pod_entry(key) {
         let report = reports.get(node);
         let needs_netem = entry.destinations.iter().any(|d| d.impairment.needs_netem());
-        return Some(match judge(node, report, confirmed_outcome(report, entry), needs_netem) {
+        return Some(match judge_entry(node, report, entry, needs_netem) {
             Outcome::Applied => Verdict::Applied { node: node.to_owned(), destinations: entry.destinations.len() },
             Outcome::Failed(reason, message) => Verdict::Failed { reason, message },
             Outcome::Pending => Verdict::Pending,

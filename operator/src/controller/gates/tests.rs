@@ -77,6 +77,7 @@ fn acked(plan: &NodePlan, outcomes: &[(&str, PodOutcome)], netem: bool) -> BTree
             outcome: outcome.clone(),
             mutations: 1,
             queue_caps: Vec::new(),
+            refused: Vec::new(),
         })
         .collect();
     let reply = ApplyReply {

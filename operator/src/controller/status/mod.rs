@@ -18,7 +18,7 @@ pub(super) mod writer;
 pub use writer::now_seconds;
 
 pub use measured::{CONFORMANT, MeasuredPart, measured_part, place_measured};
-pub use progress::{Outcome, Progress, confirmed_outcome, judge, progress};
+pub use progress::{Outcome, Progress, judge_entry, progress};
 
 pub const READY: &str = "Ready";
 pub const DEGRADED: &str = "Degraded";

@@ -4,7 +4,9 @@
 
 use std::collections::BTreeMap;
 
-use isthmus_agent_api::{DatapathKind, NodePlan, PodErrorKind, PodOutcome, PodPlan, PodResult, QueueCap};
+use isthmus_agent_api::{
+    DatapathKind, NodePlan, PodErrorKind, PodOutcome, PodPlan, PodResult, QueueCap, RefusedDestination,
+};
 
 use crate::api::PodFailure;
 use crate::controller::nodes::NodeReport;
@@ -40,17 +42,28 @@ pub fn progress<'a>(
                 let p = out.entry(link.clone()).or_default();
                 match judge(&plan.node, report, confirmed.map(|r| &r.outcome), needs_netem) {
                     Outcome::Applied => {
-                        p.applied += pairs;
+                        let refused: Vec<&RefusedDestination> = confirmed
+                            .into_iter()
+                            .flat_map(|r| &r.refused)
+                            .filter(|d| d.link.namespace == link.namespace && d.link.name == link.name)
+                            .collect();
+                        let refused_pairs = (refused.len() as u32).min(pairs);
+                        let applied = pairs - refused_pairs;
+                        p.applied += applied;
                         if report
                             .and_then(|r| r.capabilities.as_ref())
                             .is_some_and(|c| c.datapath == DatapathKind::Userspace)
                         {
-                            p.emulated += pairs;
+                            p.emulated += applied;
                         }
                         let caps = confirmed.into_iter().flat_map(|r| &r.queue_caps);
                         for cap in caps.filter(|c| c.link.namespace == link.namespace && c.link.name == link.name) {
                             p.queue_limits_capped += 1;
                             p.first_cap.get_or_insert_with(|| cap.clone());
+                        }
+                        if let Some((reason, message)) = refusal(&refused) {
+                            p.failed += refused_pairs;
+                            p.failures.push(failure(&plan.node, pod, reason, message));
                         }
                     }
                     Outcome::Failed(reason, message) => {
@@ -74,7 +87,7 @@ pub enum Outcome {
 }
 
 /// The outcome of a pod's desired entry on `node`, from the agent's confirmation of exactly that entry
-/// ([`confirmed_outcome`]) or else the node's delivery failure. `needs_netem`: whether the destinations judged
+/// ([`confirmed_result`]) or else the node's delivery failure. `needs_netem`: whether the destinations judged
 /// need netem, so that an agent's `KernelUnsupported` on a node without it says so.
 pub fn judge(node: &str, report: Option<&NodeReport>, confirmed: Option<&PodOutcome>, needs_netem: bool) -> Outcome {
     match confirmed {
@@ -97,6 +110,33 @@ pub fn judge(node: &str, report: Option<&NodeReport>, confirmed: Option<&PodOutc
     }
 }
 
+/// What the agent said of a pod's refused destinations (one link's, or all of them): the first one's reason and
+/// message, with how many more there are.
+pub fn refusal(refused: &[&RefusedDestination]) -> Option<(FailureReason, String)> {
+    let first = refused.first()?;
+    let mut message = format!("the node's agent installed nothing for this destination: {}", first.error.message);
+    if refused.len() > 1 {
+        message.push_str(&format!(" (and {} more destinations refused)", refused.len() - 1));
+    }
+    Some((first.error.kind.into(), message))
+}
+
+/// The outcome of a pod's whole desired entry: [`judge`]'s, except that an applied entry with a destination the
+/// agent refused is not applied (the refusal's reason).
+pub fn judge_entry(node: &str, report: Option<&NodeReport>, pod: &PodPlan, needs_netem: bool) -> Outcome {
+    let confirmed = confirmed_result(report, pod);
+    match judge(node, report, confirmed.map(|r| &r.outcome), needs_netem) {
+        Outcome::Applied => {
+            let refused: Vec<&RefusedDestination> = confirmed.into_iter().flat_map(|r| &r.refused).collect();
+            match refusal(&refused) {
+                Some((reason, message)) => Outcome::Failed(reason, message),
+                None => Outcome::Applied,
+            }
+        }
+        other => other,
+    }
+}
+
 /// The pod's pairs per link, and whether any of them needs netem.
 fn pairs_per_link(pod: &PodPlan) -> BTreeMap<ObjectKey, (u32, bool)> {
     let mut per_link: BTreeMap<ObjectKey, (u32, bool)> = BTreeMap::new();
@@ -106,11 +146,6 @@ fn pairs_per_link(pod: &PodPlan) -> BTreeMap<ObjectKey, (u32, bool)> {
         e.1 |= d.impairment.needs_netem();
     }
     per_link
-}
-
-/// The agent's outcome for the pod, if the plan it acknowledged holds exactly the pod's desired entry.
-pub fn confirmed_outcome<'r>(report: Option<&'r NodeReport>, pod: &PodPlan) -> Option<&'r PodOutcome> {
-    confirmed_result(report, pod).map(|r| &r.outcome)
 }
 
 /// The agent's result for the pod, if the plan it acknowledged holds exactly the pod's desired entry.
@@ -171,6 +206,7 @@ mod tests {
                     outcome: outcome.clone(),
                     mutations: 1,
                     queue_caps: Vec::new(),
+                    refused: Vec::new(),
                 })
                 .collect(),
             capabilities: caps.clone(),
@@ -280,5 +316,41 @@ mod tests {
         changed.destinations.pop();
         let p = progress([&plan("n1", vec![changed])], &reports);
         assert_eq!((p[&l].applied, p[&l].queue_limits_capped), (0, 0));
+    }
+
+    #[test]
+    fn a_refused_destination_fails_alone_and_the_pods_other_pairs_count_as_applied() {
+        let (l, m) = (ObjectKey::new("default", "l"), ObjectKey::new("default", "m"));
+        let mut a = pod("a", "l", 3);
+        a.destinations.extend(pod("a", "m", 1).destinations.into_iter().map(|mut d| {
+            d.destination = "10.0.9.9/32".parse().unwrap();
+            d
+        }));
+        let desired = plan("n1", vec![a.clone()]);
+        let refused = |dest: &str| RefusedDestination {
+            destination: dest.parse().unwrap(),
+            link: link("l"),
+            error: PodError {
+                kind: PodErrorKind::InvalidPlan,
+                message: format!("destination {dest}: bandwidth: 3200 bytes of burst take longer…"),
+            },
+        };
+        let mut r = report(&desired, &[("a", PodOutcome::Applied)], true);
+        r.applied.as_mut().unwrap().reply.pods[0].refused = vec![refused("10.0.1.0/32"), refused("10.0.1.2/32")];
+        let reports = BTreeMap::from([("n1".to_string(), r)]);
+        let p = progress([&desired], &reports);
+        assert_eq!((p[&l].applied, p[&l].failed), (1, 2), "the refused pairs fail, the third is applied");
+        assert_eq!(p[&l].failures.len(), 1, "one failure per pod and link");
+        assert_eq!(p[&l].failures[0].reason, "InvalidPlan");
+        assert!(
+            p[&l].failures[0].message.contains("10.0.1.0/32") && p[&l].failures[0].message.contains("1 more"),
+            "{}",
+            p[&l].failures[0].message
+        );
+        assert_eq!((p[&m].applied, p[&m].failed, p[&m].failures.len()), (1, 0, 0), "the other link is untouched");
+
+        // The pod's whole entry (what its readiness gate judges) is not applied while a destination is refused.
+        let outcome = judge_entry("n1", reports.get("n1"), &a, false);
+        assert!(matches!(outcome, Outcome::Failed(FailureReason::InvalidPlan, _)), "{outcome:?}");
     }
 }
