@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event as KubeEvent, EventType};
+use serde_json::json;
 use tokio::time::Instant;
 
 use super::Controller;
@@ -72,20 +73,18 @@ impl Controller {
             let Some(meta) = self.links.get(key) else { continue };
             let remaining: Vec<String> = meta.finalizers.iter().filter(|f| *f != FINALIZER).cloned().collect();
             let version = meta.resource_version.as_deref();
-            let (patch, note, warn) = match cleanup_state(key, &pending.affected, &self.nodes, &reports) {
-                Cleanup::Done { gone_nodes } if gone_nodes.is_empty() => {
-                    (finalizers_patch(&remaining, version), None, false)
-                }
-                Cleanup::Done { gone_nodes } => {
-                    (finalizers_patch(&remaining, version), Some(gone_note(&gone_nodes)), false)
-                }
+            let (note, warn) = match cleanup_state(key, &pending.affected, &self.nodes, &reports) {
+                Cleanup::Done { gone_nodes } if gone_nodes.is_empty() => (None, false),
+                Cleanup::Done { gone_nodes } => (Some(gone_note(&gone_nodes)), false),
                 Cleanup::Waiting { nodes, leftovers } if now >= pending.deadline => {
                     let note = timed_out_note(self.ctx.config.cleanup_timeout, &nodes, &pending.pods, &leftovers);
                     tracing::warn!(link = %key, nodes = %nodes.join(","), "{note}");
-                    (incomplete_patch(&remaining, version, &note), Some(note), true)
+                    (Some(note), true)
                 }
                 Cleanup::Waiting { .. } => continue,
             };
+            let first = note.as_deref().filter(|_| warn).map(|note| incomplete_patch(version, note));
+            let patch = finalizers_patch(&remaining, version);
             let event = note.map(|note| KubeEvent {
                 type_: if warn { EventType::Warning } else { EventType::Normal },
                 reason: if warn { "CleanupTimedOut" } else { "CleanupSkippedNode" }.into(),
@@ -93,7 +92,7 @@ impl Controller {
                 action: "RemoveFinalizer".into(),
                 secondary: None,
             });
-            self.patch_finalizers(key.clone(), patch, meta.reference.clone(), event);
+            self.patch_finalizers(key.clone(), first, patch, meta.reference.clone(), event);
         }
     }
 
@@ -106,15 +105,17 @@ impl Controller {
             let mut all = meta.finalizers.clone();
             all.push(FINALIZER.to_owned());
             let patch = finalizers_patch(&all, meta.resource_version.as_deref());
-            self.patch_finalizers(key.clone(), patch, meta.reference.clone(), None);
+            self.patch_finalizers(key.clone(), None, patch, meta.reference.clone(), None);
         }
     }
 
-    /// Patches a link's finalizers in the background, at most one patch per link at a time.
+    /// Patches a link's finalizers in the background, at most one patch per link at a time; `first`, when given,
+    /// goes before, and the finalizers' patch is then guarded by the version it made.
     fn patch_finalizers(
         &self,
         key: ObjectKey,
-        patch: serde_json::Value,
+        first: Option<serde_json::Value>,
+        mut patch: serde_json::Value,
         reference: ObjectReference,
         event: Option<KubeEvent>,
     ) {
@@ -125,6 +126,17 @@ impl Controller {
         let busy = self.finalizer_busy.clone();
         tokio::spawn(async move {
             let api: Api<StoredLink> = Api::namespaced(ctx.client.clone(), &key.namespace);
+            if let Some(first) = first {
+                match api.patch(&key.name, &PatchParams::default(), &Patch::Merge(&first)).await {
+                    Ok(link) => patch["metadata"]["resourceVersion"] = json!(link.metadata.resource_version),
+                    Err(e) => {
+                        // As below: the next pass retries.
+                        tracing::debug!(link = %key, error = %e, "annotation patch not applied");
+                        busy.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
+                        return;
+                    }
+                }
+            }
             match api.patch(&key.name, &PatchParams::default(), &Patch::Merge(&patch)).await {
                 Ok(_) => {
                     tracing::info!(link = %key, finalizers = %patch["metadata"]["finalizers"], "finalizers updated");

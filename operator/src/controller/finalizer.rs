@@ -11,8 +11,10 @@ use super::nodes::NodeReport;
 use crate::index::ObjectKey;
 
 pub const FINALIZER: &str = "isthmus.dev/cleanup";
-/// Set on a deleted link in the patch that drops its finalizer after the wait ran out: what may remain impaired.
-/// The uninstall hook reads it from the link's last state and fails with it.
+/// Set on a deleted link just before its finalizer is dropped after the wait ran out: what may remain impaired.
+/// A patch of its own, first: the object a watch sees deleted is the one stored before the update that deleted
+/// it, so an annotation set in the finalizer's own patch would never be seen. The uninstall hook reads it from
+/// the link's last state and fails with it.
 pub const INCOMPLETE_ANNOTATION: &str = "isthmus.dev/cleanup-incomplete";
 /// The most an Event's note may hold: the API server refuses a longer one (events.k8s.io/v1).
 pub const MAX_NOTE_BYTES: usize = 1024;
@@ -134,11 +136,9 @@ pub fn finalizers_patch(finalizers: &[String], resource_version: Option<&str>) -
     json!({"metadata": {"finalizers": finalizers, "resourceVersion": resource_version}})
 }
 
-/// [`finalizers_patch`] that also records, in [`INCOMPLETE_ANNOTATION`], what the cleanup may have left.
-pub fn incomplete_patch(finalizers: &[String], resource_version: Option<&str>, note: &str) -> serde_json::Value {
-    let mut patch = finalizers_patch(finalizers, resource_version);
-    patch["metadata"]["annotations"] = json!({ INCOMPLETE_ANNOTATION: note });
-    patch
+/// A merge patch that records, in [`INCOMPLETE_ANNOTATION`], what a cleanup may have left; guarded likewise.
+pub fn incomplete_patch(resource_version: Option<&str>, note: &str) -> serde_json::Value {
+    json!({"metadata": {"annotations": { INCOMPLETE_ANNOTATION: note }, "resourceVersion": resource_version}})
 }
 
 #[cfg(test)]
@@ -272,10 +272,7 @@ mod tests {
 
     #[test]
     fn the_incomplete_patch_carries_the_note() {
-        let p = incomplete_patch(&[], Some("7"), "node n1");
-        assert_eq!(
-            p,
-            json!({"metadata": {"finalizers": [], "resourceVersion": "7", "annotations": {INCOMPLETE_ANNOTATION: "node n1"}}})
-        );
+        let p = incomplete_patch(Some("7"), "node n1");
+        assert_eq!(p, json!({"metadata": {"resourceVersion": "7", "annotations": {INCOMPLETE_ANNOTATION: "node n1"}}}));
     }
 }

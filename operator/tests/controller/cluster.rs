@@ -338,7 +338,7 @@ pub struct WithAgent {
     pub ns: String,
     pub node: String,
     pub agent: RealAgent,
-    finished: bool,
+    _made: Made,
     _serial: tokio::sync::MutexGuard<'static, ()>,
 }
 
@@ -373,7 +373,8 @@ impl WithAgent {
         let ready = json!({"status": {"phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}],
             "conditions": [{"type": "Ready", "status": "True"}]}});
         pods.patch_status("agent", &PatchParams::default(), &Patch::Merge(&ready)).await.unwrap();
-        WithAgent { client, ns, node, agent, finished: false, _serial: serial }
+        let made = Made::new(&ns, &node);
+        WithAgent { client, ns, node, agent, _made: made, _serial: serial }
     }
 
     /// A leading controller whose agent client carries the identity this agent trusts.
@@ -382,19 +383,27 @@ impl WithAgent {
     }
 
     /// Removes the test's pods, namespace and Node; the agent stops.
-    pub async fn finish(mut self) {
-        remove(&self.client, &self.ns, &self.node).await;
-        self.finished = true;
+    pub async fn finish(self) {
+        drop(self);
     }
 }
 
-/// A test that failed leaves nothing behind either: the next test's link that selects every namespace would
-/// count its pods. Its own runtime on its own thread, as the test's may be unwinding (and its client with it).
-impl Drop for WithAgent {
+/// A test's namespace (with its pods) and Node, removed when this is dropped: also when the test fails, for the
+/// next test's link that selects every namespace would count its pods.
+pub struct Made {
+    ns: String,
+    node: String,
+}
+
+impl Made {
+    pub fn new(ns: &str, node: &str) -> Self {
+        Made { ns: ns.to_owned(), node: node.to_owned() }
+    }
+}
+
+/// Its own runtime on its own thread, as the test's may be unwinding (and its client with it).
+impl Drop for Made {
     fn drop(&mut self) {
-        if self.finished {
-            return;
-        }
         let (ns, node) = (self.ns.clone(), self.node.clone());
         let cleanup = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();

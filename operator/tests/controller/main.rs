@@ -37,6 +37,8 @@ async fn finalizer_and_status_follow_the_link() {
     let _serial = SERIAL.lock().await;
     install_crd(&client).await;
     let ns = format!("op-it-status-{}", std::process::id());
+    let node_name = format!("op-it-node-{}", std::process::id());
+    let _made = Made::new(&ns, &node_name);
     namespace(&client, &ns).await;
     let (_leader_tx, leader_rx) = watch::channel(true);
     let running = start(&client, &ns, "solo", leader_rx, Duration::from_secs(3));
@@ -93,7 +95,6 @@ async fn finalizer_and_status_follow_the_link() {
 
     // A node that exists but whose agent never confirms: the finalizer goes after the timeout, with a warning.
     let nodes: Api<Node> = Api::all(client.clone());
-    let node_name = format!("op-it-node-{}", std::process::id());
     let _ = nodes.delete(&node_name, &DeleteParams::default()).await;
     nodes
         .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": node_name}})).unwrap())
@@ -135,8 +136,6 @@ async fn finalizer_and_status_follow_the_link() {
     assert!(note.contains(&node_name) && note.contains(&format!("{ns}/client-1")), "{note}");
 
     running.stop().await;
-    let _ = nodes.delete(&node_name, &DeleteParams::default()).await;
-    let _ = Api::<Namespace>::all(client.clone()).delete(&ns, &DeleteParams::default()).await;
 }
 
 #[tokio::test]
