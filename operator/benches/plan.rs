@@ -9,7 +9,9 @@
 //!   (380 directed region pairs and 20 intra-region), then the full plan: 1,000 pods, 999 destinations each.
 //! - memory: bytes held by the planner after the full computation and the allocation peak during it (a
 //!   counting allocator), and the process's peak RSS; and bytes held per pair for one link at the default
-//!   per-link limit: 1,000 source pods × 512 destinations (256 dual-stack pods), 512,000 pairs.
+//!   per-link limit: 1,000 source pods × 512 destinations (256 dual-stack pods), 512,000 pairs; and the
+//!   planner at the default total pair limit: five such links in five namespaces ask for 2,560,000 pairs, of
+//!   which the first four, 2,048,000 pairs, would exceed 2,000,000: three are admitted and two refused.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -17,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use isthmus_operator::api::{FromSpec, ImpairmentSpec, NetworkLink, NetworkLinkSpec, ServiceInclusion, ToSpec};
 use isthmus_operator::index::{Index, LinkInfo, ObjectKey, PodInfo, ServiceInfo};
-use isthmus_operator::plan::{Planner, compute};
+use isthmus_operator::plan::{PlanLimits, Planner, compute, compute_with};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
 
 struct Counting;
@@ -149,15 +151,23 @@ struct Row {
 
 /// One link from 1,000 pods to 256 dual-stack pods (512 destinations, the default per-link limit).
 fn wide() -> Index {
+    wide_namespaces(1)
+}
+
+/// `count` namespaces like [`wide`]'s, each with its own 1,000 × 512 link.
+fn wide_namespaces(count: u32) -> Index {
     let mut index = Index::default();
-    index.namespaces.insert("wide".into(), labels(&[("kubernetes.io/metadata.name", "wide")]));
-    for n in 0..1256u32 {
-        let app = if n < 1000 { "client" } else { "server" };
-        let (k, v) = pod("wide", &format!("{app}-{n}"), app, (n as usize) % 20, n + 1);
-        index.pods.insert(k, v);
+    for w in 0..count {
+        let ns = if w == 0 { "wide".to_owned() } else { format!("wide-{w}") };
+        index.namespaces.insert(ns.clone(), labels(&[("kubernetes.io/metadata.name", &ns)]));
+        for n in 0..1256u32 {
+            let app = if n < 1000 { "client" } else { "server" };
+            let (k, v) = pod(&ns, &format!("{app}-{n}"), app, (n as usize) % 20, w * 1256 + n + 1);
+            index.pods.insert(k, v);
+        }
+        let (k, v) = link(&ns, "wan", selector(&[("app", "client")]), selector(&[("app", "server")]));
+        index.links.insert(k, v);
     }
-    let (k, v) = link("wide", "wan", selector(&[("app", "client")]), selector(&[("app", "server")]));
-    index.links.insert(k, v);
     index
 }
 
@@ -320,6 +330,15 @@ fn main() {
     let wide_held = CURRENT.load(Ordering::Relaxed) - before;
     let wide_pairs: usize = wide_planner.node_plans().flat_map(|n| &n.pods).map(|p| p.destinations.len()).sum();
     drop(wide_planner);
+    // At the default total: what the pair limit lets the operator hold, however many links ask.
+    let capped = wide_namespaces(5);
+    let before = CURRENT.load(Ordering::Relaxed);
+    PEAK.store(before, Ordering::Relaxed);
+    let capped_planner = compute_with(capped, PlanLimits::DEFAULT);
+    let capped_held = CURRENT.load(Ordering::Relaxed) - before;
+    let capped_peak = PEAK.load(Ordering::Relaxed) - before;
+    let capped_pairs: usize = capped_planner.node_plans().flat_map(|n| &n.pods).map(|p| p.destinations.len()).sum();
+    drop(capped_planner);
 
     println!("| scenario | median | max | target | notes |");
     println!("|---|---|---|---|---|");
@@ -348,6 +367,12 @@ fn main() {
         "| memory per pair, 1,000 sources × 512 destinations | {:.0} B/pair | {:.1} MiB held | ≤ 64 B/pair | {wide_pairs} pairs, one link |",
         wide_held as f64 / wide_pairs as f64,
         mib(wide_held)
+    );
+    println!(
+        "| memory at the default total pair limit ({} pairs) | {:.1} MiB held | {:.1} MiB peak alloc | ≤ 256 MiB (chart default) | {capped_pairs} pairs planned, five 512,000-pair links asking |",
+        PlanLimits::DEFAULT.pairs_total(),
+        mib(capped_held),
+        mib(capped_peak)
     );
     if let Some(kib) = peak_rss_kib() {
         println!("| process peak RSS (whole benchmark) | {:.1} MiB | | ≤ 100 MiB | VmHWM |", kib as f64 / 1024.0);

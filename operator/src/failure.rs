@@ -28,6 +28,9 @@ pub enum FailureReason {
     NamespaceConflict,
     /// The link, or the link for this pod, asks for more destinations than the operator's limits allow.
     TooManyDestinations,
+    /// The link asks for more (source pod, destination) pairs than the operator's limits allow, alone or with the
+    /// links that rank before it.
+    TooManyPairs,
     InterfaceNotFound,
     ForeignQdisc,
     KernelUnsupported,
@@ -37,7 +40,7 @@ pub enum FailureReason {
 
 impl FailureReason {
     /// Every reason, in declaration order (for reading one back from its text).
-    pub const ALL: [FailureReason; 13] = [
+    pub const ALL: [FailureReason; 14] = [
         FailureReason::HostNetwork,
         FailureReason::AgentUnavailable,
         FailureReason::AgentUnreachable,
@@ -46,6 +49,7 @@ impl FailureReason {
         FailureReason::PodNotFound,
         FailureReason::NamespaceConflict,
         FailureReason::TooManyDestinations,
+        FailureReason::TooManyPairs,
         FailureReason::InterfaceNotFound,
         FailureReason::ForeignQdisc,
         FailureReason::KernelUnsupported,
@@ -63,6 +67,7 @@ impl FailureReason {
             FailureReason::PodNotFound => "PodNotFound",
             FailureReason::NamespaceConflict => "NamespaceConflict",
             FailureReason::TooManyDestinations => "TooManyDestinations",
+            FailureReason::TooManyPairs => "TooManyPairs",
             FailureReason::InterfaceNotFound => "InterfaceNotFound",
             FailureReason::ForeignQdisc => "ForeignQdisc",
             FailureReason::KernelUnsupported => "KernelUnsupported",
@@ -164,6 +169,7 @@ mod tests {
             (FailureReason::PodNotFound, "PodNotFound"),
             (FailureReason::NamespaceConflict, "NamespaceConflict"),
             (FailureReason::TooManyDestinations, "TooManyDestinations"),
+            (FailureReason::TooManyPairs, "TooManyPairs"),
             (FailureReason::InterfaceNotFound, "InterfaceNotFound"),
             (FailureReason::ForeignQdisc, "ForeignQdisc"),
             (FailureReason::KernelUnsupported, "KernelUnsupported"),

@@ -18,7 +18,10 @@ use isthmus_operator::leader::{Election, LeaderConfig};
 use isthmus_operator::metrics::Metrics;
 use isthmus_operator::pki::signer::{self, SignerConfig};
 use isthmus_operator::pki::store::{Pki, PkiConfig};
-use isthmus_operator::plan::{DEFAULT_DESTINATIONS_PER_LINK, DEFAULT_DESTINATIONS_PER_POD, PlanLimits};
+use isthmus_operator::plan::{
+    DEFAULT_DESTINATIONS_PER_LINK, DEFAULT_DESTINATIONS_PER_POD, DEFAULT_PAIRS_PER_LINK, DEFAULT_PAIRS_TOTAL,
+    PlanLimits,
+};
 use isthmus_operator::telemetry::{self, HttpState, LogFormat};
 use kube::runtime::events::{Recorder, Reporter};
 
@@ -100,6 +103,14 @@ struct Args {
     /// its links are admitted in rank order and the rest refused for that pod.
     #[arg(long, env = "ISTHMUS_MAX_DESTINATIONS_PER_POD", default_value_t = DEFAULT_DESTINATIONS_PER_POD)]
     max_destinations_per_pod: u32,
+    /// Most (source pod, destination) pairs one NetworkLink may ask for (both directions); a link beyond it is
+    /// refused whole with `TooManyPairs`.
+    #[arg(long, env = "ISTHMUS_MAX_PAIRS_PER_LINK", default_value_t = DEFAULT_PAIRS_PER_LINK)]
+    max_pairs_per_link: u32,
+    /// Most pairs of all NetworkLinks together (at least the per-link limit): links are admitted in rank order
+    /// while their pairs fit, the rest refused whole with `TooManyPairs` until there is room.
+    #[arg(long, env = "ISTHMUS_MAX_PAIRS_TOTAL", default_value_t = DEFAULT_PAIRS_TOTAL)]
+    max_pairs_total: u32,
     /// Whether links are verified at all: false leaves every link without `status.measured` and `Conformant`
     /// and polls no agent (the chart's `verification.enabled`, which also switches the agents' probes off).
     #[arg(long, env = "ISTHMUS_VERIFY", default_value_t = true, action = clap::ArgAction::Set)]
@@ -298,7 +309,9 @@ impl Args {
 
     fn controller_config(&self) -> anyhow::Result<Config> {
         let limits = PlanLimits::new(self.max_destinations_per_link, self.max_destinations_per_pod)
-            .context("--max-destinations-per-link / --max-destinations-per-pod")?;
+            .context("--max-destinations-per-link / --max-destinations-per-pod")?
+            .with_pairs(self.max_pairs_per_link, self.max_pairs_total)
+            .context("--max-pairs-per-link / --max-pairs-total")?;
         Ok(Config {
             agent_port: self.agent_port,
             agents: AgentSelector {

@@ -1,6 +1,7 @@
 //! The plan's size limits (docs/networklink.md#plan-limits): a link selecting more destinations than the
-//! per-link limit is refused whole, a pod's links are admitted in rank order within the per-pod limit, and
-//! neither touches another link's pairs.
+//! per-link limit is refused whole, a pod's links are admitted in rank order within the per-pod limit, a link
+//! asking for more pairs than the per-link limit is refused whole, links are admitted in rank order within the
+//! total, and none of these touches another link's pairs.
 
 mod support;
 
@@ -113,6 +114,69 @@ fn a_pods_links_are_admitted_in_rank_order_within_the_per_pod_limit() {
     let facts = p.link_facts(&same).unwrap();
     assert!(facts.exclusions.is_empty(), "{:?}", facts.exclusions);
     assert_eq!((facts.pairs, facts.overlaps.len()), (0, 1), "it loses both pairs to `new`");
+    assert_eq!(p.snapshot(), compute_with(p.index().clone(), limits).snapshot());
+}
+
+/// A link asking for more pairs than the per-link limit is refused whole (`TooManyPairs`); links are admitted in
+/// rank order while all their pairs fit the total, one that does not fit is refused whole until there is room,
+/// and a higher-priority link takes its room first.
+#[test]
+fn pairs_are_capped_per_link_and_in_total_in_rank_order() {
+    let limits = PlanLimits::new(8, 8).unwrap().with_pairs(6, 10).unwrap();
+    let mut p = Planner::with_limits(limits);
+    for i in 0..3 {
+        let (k, v) = pod("t", &format!("client-{i}"), "client", "n1", &[&format!("10.0.0.{i}")]);
+        p.upsert_pod(k, v);
+    }
+    servers(&mut p, "t", "a", 2, 1);
+    servers(&mut p, "t", "b", 2, 2);
+    servers(&mut p, "t", "c", 3, 3);
+    // 3 clients × 2 = 6 pairs each for `first` and `second`; 3 × 3 = 9 for `wide`.
+    let (first, v) = link("t", "first", 1, spec("client", "a", 10));
+    p.upsert_link(first.clone(), v);
+    let (second, v) = link("t", "second", 2, spec("client", "b", 20));
+    p.upsert_link(second.clone(), v);
+    let (wide, v) = link("t", "wide", 3, spec("client", "c", 30));
+    p.upsert_link(wide.clone(), v);
+    p.recompute();
+
+    assert_eq!((p.link_facts(&first).unwrap().refusal, p.link_facts(&first).unwrap().pairs), (None, 6));
+    assert_eq!(p.link_facts(&wide).unwrap().refusal, Some(Refusal::LinkPairs { pairs: 9, destinations: 3, limit: 6 }));
+    let (status, reason, message) = condition(&p, &wide, "Ready");
+    assert_eq!((status.as_str(), reason.as_str()), ("False", "TooManyPairs"));
+    assert!(message.contains("9 pairs") && message.contains("pairsPerLink"), "{message}");
+    let facts = p.link_facts(&second).unwrap();
+    assert_eq!(facts.refusal, Some(Refusal::TotalPairs { pairs: 6, admitted: 6, destinations: 2, limit: 10 }));
+    assert_eq!((facts.pairs, facts.destinations), (0, 2));
+    let (_, reason, message) = condition(&p, &second, "Degraded");
+    assert!(reason == "TooManyPairs" && message.contains("pairsTotal"), "{reason}: {message}");
+    assert_eq!(destinations(&p, "n1", "client-0"), ["10.1.1.0/32 first", "10.1.1.1/32 first"]);
+    assert_eq!(p.snapshot(), compute_with(p.index().clone(), limits).snapshot());
+
+    // Priority ranks first: `second` takes the room, `first` waits.
+    let mut urgent = spec("client", "b", 20);
+    urgent.priority = 5;
+    let (_, v) = link("t", "second", 2, urgent);
+    p.upsert_link(second.clone(), v);
+    p.recompute();
+    assert_eq!(destinations(&p, "n1", "client-0"), ["10.1.2.0/32 second", "10.1.2.1/32 second"]);
+    assert!(matches!(p.link_facts(&first).unwrap().refusal, Some(Refusal::TotalPairs { admitted: 6, .. })));
+    assert_eq!(p.link_facts(&second).unwrap().refusal, None);
+    assert_eq!(p.snapshot(), compute_with(p.index().clone(), limits).snapshot());
+
+    // Room again: with `second` gone, `first` is planned.
+    p.delete_link(&second);
+    p.recompute();
+    assert_eq!(p.link_facts(&first).unwrap().refusal, None);
+    assert_eq!(destinations(&p, "n1", "client-1"), ["10.1.1.0/32 first", "10.1.1.1/32 first"]);
+    assert_eq!(p.snapshot(), compute_with(p.index().clone(), limits).snapshot());
+
+    // A source pod going makes room too: with two clients `wide` asks for 6 pairs, within its per-link limit,
+    // and beside `first`'s 4 within the total of 10.
+    p.delete_pod(&ObjectKey::new("t", "client-2"));
+    p.recompute();
+    assert_eq!(p.link_facts(&wide).unwrap().refusal, None);
+    assert_eq!(destinations(&p, "n1", "client-0").len(), 5);
     assert_eq!(p.snapshot(), compute_with(p.index().clone(), limits).snapshot());
 }
 

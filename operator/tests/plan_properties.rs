@@ -11,7 +11,7 @@ use ipnet::IpNet;
 use isthmus_operator::api::{NetworkLinkSpec, ServiceInclusion};
 use isthmus_operator::failure::FailureReason;
 use isthmus_operator::index::{Labels, LinkInfo, ObjectKey, PodInfo, ServiceInfo};
-use isthmus_operator::plan::{PlanLimits, Planner, compute_with, resolve_link};
+use isthmus_operator::plan::{PlanLimits, Planner, Refusal, compute_with, resolve_link};
 use proptest::prelude::*;
 use support::*;
 
@@ -151,11 +151,12 @@ fn final_state(events: &[Event]) -> Vec<Event> {
         .collect()
 }
 
-/// The default limits, or limits a handful of pods exceed.
+/// The default limits, or limits a handful of pods exceed (destinations, pairs per link, pairs in total).
 fn limits() -> impl Strategy<Value = PlanLimits> {
     prop_oneof![
         Just(PlanLimits::DEFAULT),
         (1u32..8, 0u32..3).prop_map(|(per_link, more)| PlanLimits::new(per_link, per_link + more).unwrap()),
+        (1u32..12, 0u32..12).prop_map(|(pairs, more)| PlanLimits::DEFAULT.with_pairs(pairs, pairs + more).unwrap()),
     ]
 }
 
@@ -171,11 +172,28 @@ fn check_invariants(p: &Planner) -> Result<(), TestCaseError> {
     for (lk, info) in &index.links {
         let facts = p.link_facts(lk).expect("every link has facts");
         let res = resolve_link(index, lk, info, &limits);
-        prop_assert_eq!(facts.refusal.is_some(), facts.destinations > limits.per_link(), "{}", lk);
+        let over_destinations = facts.destinations > limits.per_link();
+        match facts.refusal {
+            Some(Refusal::LinkDestinations { .. }) => prop_assert!(over_destinations, "{}", lk),
+            Some(Refusal::LinkPairs { pairs, .. }) => {
+                prop_assert!(!over_destinations && pairs > u64::from(limits.pairs_per_link()), "{}", lk);
+            }
+            Some(Refusal::TotalPairs { pairs, admitted, .. }) => {
+                prop_assert!(admitted + pairs > u64::from(limits.pairs_total()), "{}", lk);
+                prop_assert!(res.refusal.is_none(), "{} fits its own limits", lk);
+            }
+            Some(Refusal::PodDestinations { .. }) => prop_assert!(false, "a per-pod refusal refuses no link whole"),
+            None => prop_assert!(!over_destinations && res.refusal.is_none(), "{}", lk),
+        }
         if facts.refusal.is_some() {
-            prop_assert!(res.forward.is_none() && res.reverse.is_none() && facts.pairs == 0, "{} refused", lk);
+            prop_assert_eq!(facts.pairs, 0, "{} refused", lk);
+        }
+        if res.refusal.is_some() {
+            prop_assert!(res.forward.is_none() && res.reverse.is_none(), "{} refused", lk);
         }
     }
+    let planned: usize = p.node_plans().flat_map(|n| &n.pods).map(|pod| pod.destinations.len()).sum();
+    prop_assert!(planned as u64 <= u64::from(limits.pairs_total()), "{planned} pairs planned, beyond the total");
     for plan in p.node_plans() {
         prop_assert!(!plan.pods.is_empty());
         for pod in &plan.pods {
@@ -200,7 +218,8 @@ fn check_invariants(p: &Planner) -> Result<(), TestCaseError> {
                     let res = resolve_link(index, lk, info, &limits);
                     let covers = res.forward.iter().chain(res.reverse.iter()).any(|side| {
                         side.sources.iter().any(|s| s.key == key) && side.destinations.contains(&d.destination)
-                    }) && !refused_for(p, lk, &key);
+                    }) && !refused_for(p, lk, &key)
+                        && p.link_facts(lk).is_some_and(|f| f.refusal.is_none());
                     if covers {
                         prop_assert!(winner.sort_key() <= info.rank.sort_key(), "{} beats winner {}", lk, d.link.name);
                     }

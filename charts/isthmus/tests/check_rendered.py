@@ -121,6 +121,8 @@ def main():
     check(",".join(sorted(openv["ISTHMUS_AGENT_SELECTOR"].split(","))) == selector, "operator's agent selector = the DaemonSet's")
     check((openv["ISTHMUS_MAX_DESTINATIONS_PER_LINK"], openv["ISTHMUS_MAX_DESTINATIONS_PER_POD"]) == ("512", "1024"),
           "operator: plan limits as whole numbers")
+    check((openv["ISTHMUS_MAX_PAIRS_PER_LINK"], openv["ISTHMUS_MAX_PAIRS_TOTAL"]) == ("512000", "2000000"),
+          "operator: pair limits as whole numbers (not 1e+06)")
 
     # Identities: what the operator issues is what the agents require, and the bundle it publishes is the one
     # the agents read.

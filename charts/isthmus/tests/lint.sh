@@ -142,6 +142,9 @@ refuse "destinationsPerLink" --set operator.limits.destinationsPerLink=0
 refuse "datapath" --set agent.datapath=ebpf
 refuse "operator.limits.destinationsPerPod (100) must be at least operator.limits.destinationsPerLink (512)" \
   --set operator.limits.destinationsPerPod=100
+refuse "operator.limits.pairsTotal (1000) must be at least operator.limits.pairsPerLink (512000)" \
+  --set operator.limits.pairsTotal=1000
+refuse "pairsPerLink" --set operator.limits.pairsPerLink=0
 refuse "window" --set verification.window=30
 refuse "probesPerSecond" --set verification.probesPerSecond=0
 refuse "serviceMonitor" --set metrics.serviceMonitor.enable=true

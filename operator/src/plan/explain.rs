@@ -78,10 +78,11 @@ pub enum ExplainError {
 impl Planner {
     /// Explains the pair (pod → `destination`) from the cached resolutions, as [`Planner::recompute`] left them.
     pub fn explain_pair(&self, pod: &ObjectKey, destination: IpAddr) -> Result<PairExplanation, ExplainError> {
-        let links = self.pod_links.get(pod).ok_or_else(|| ExplainError::NotASource(pod.clone()))?;
-        let resolutions = links.iter().filter_map(|k| self.resolutions.get_key_value(k));
+        if !self.pod_links.contains_key(pod) {
+            return Err(ExplainError::NotASource(pod.clone()));
+        }
         let mut stats = BTreeMap::new();
-        let (source, contest) = candidates(pod, resolutions, self.limits.per_pod(), &mut stats);
+        let (source, contest) = candidates(pod, self.admitted_links(pod), self.limits.per_pod(), &mut stats);
         let source = source.ok_or_else(|| ExplainError::NotASource(pod.clone()))?;
         let mut entries: Vec<EntryContest> = contest
             .into_iter()

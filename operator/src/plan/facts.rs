@@ -105,7 +105,7 @@ impl Planner {
             from_summary: info.from_summary.clone(),
             to_summary: info.to_summary.clone(),
             error: res.error.clone(),
-            refusal: res.refusal,
+            refusal: res.refusal.or_else(|| self.total_refused.get(key).copied()),
             summary: res.summary.clone(),
             source_pods: source_pods.len() as u32,
             destinations: res.destination_count(),

@@ -26,7 +26,10 @@ mod winner;
 
 pub use explain::{Claim, Defeat, EntryContest, ExplainError, PairExplanation};
 pub use facts::{LinkFacts, Overlap};
-pub use limits::{DEFAULT_DESTINATIONS_PER_LINK, DEFAULT_DESTINATIONS_PER_POD, PlanLimits, PlanLimitsError, Refusal};
+pub use limits::{
+    DEFAULT_DESTINATIONS_PER_LINK, DEFAULT_DESTINATIONS_PER_POD, DEFAULT_PAIRS_PER_LINK, DEFAULT_PAIRS_TOTAL,
+    PlanLimits, PlanLimitsError, Refusal,
+};
 pub use planner::{Changes, Planner, compute, compute_with};
 pub use resolve::{EndpointMemo, Exclusion, Resolution, Side, Source, host_network, resolve_link};
 pub use winner::{LinkStats, PodOutput, compute_pod};

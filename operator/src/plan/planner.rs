@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use isthmus_agent_api::{NodePlan, PodPlan};
 
-use super::limits::PlanLimits;
+use super::limits::{PlanLimits, Refusal};
 use super::resolve::{EndpointMemo, Resolution, mark_changed_sources, resolve_link_with};
 use super::verify;
 use super::winner::{LinkStats, PodOutput, compute_pod};
@@ -45,6 +45,9 @@ pub struct Planner {
     pub(super) limits: PlanLimits,
     pub(super) index: Index,
     pub(super) resolutions: BTreeMap<ObjectKey, Resolution>,
+    /// Links refused whole because their pairs, with those of the links that rank before them, exceed the
+    /// total (limits.rs); their resolutions stay cached, so that they are planned as soon as there is room.
+    pub(super) total_refused: BTreeMap<ObjectKey, Refusal>,
     /// Source pod → the links that list it as a source (either direction).
     pub(super) pod_links: BTreeMap<ObjectKey, BTreeSet<ObjectKey>>,
     /// Source pod → the node whose plan holds its entry.
@@ -95,6 +98,9 @@ impl Planner {
     /// Brings every cached result up to date with the events since the last call.
     pub fn recompute(&mut self) -> Changes {
         let mut changed_links = self.resolve_stale_links();
+        if !changed_links.is_empty() {
+            self.admit_within_total(&mut changed_links);
+        }
         let mut changed_nodes: BTreeSet<String> = BTreeSet::new();
         for pod in std::mem::take(&mut self.dirty_pods) {
             self.recompute_pod(pod, &mut changed_nodes, &mut changed_links);
@@ -158,6 +164,53 @@ impl Planner {
         changed_links
     }
 
+    /// Admits links in rank order while their pairs stay within the total; a link whose admission changed has
+    /// its sources recomputed, and every link whose refusal changed is reported changed.
+    fn admit_within_total(&mut self, changed_links: &mut BTreeSet<ObjectKey>) {
+        let mut ranked: Vec<(&ObjectKey, &Resolution)> = self.resolutions.iter().collect();
+        ranked.sort_by(|(ka, a), (kb, b)| (a.rank.sort_key(), *ka).cmp(&(b.rank.sort_key(), *kb)));
+        let limit = self.limits.pairs_total();
+        let mut admitted = 0u64;
+        let mut refused = BTreeMap::new();
+        for (key, res) in ranked {
+            let pairs = res.pair_bound();
+            if admitted + pairs <= u64::from(limit) {
+                admitted += pairs;
+            } else {
+                let destinations = res.destination_count();
+                refused.insert(key.clone(), Refusal::TotalPairs { pairs, admitted, destinations, limit });
+            }
+        }
+        let before = std::mem::replace(&mut self.total_refused, refused);
+        let keys: BTreeSet<ObjectKey> = before.keys().chain(self.total_refused.keys()).cloned().collect();
+        for key in keys {
+            let (was, is) = (before.get(&key), self.total_refused.get(&key));
+            if was == is {
+                continue;
+            }
+            changed_links.insert(key.clone());
+            if was.is_some() != is.is_some()
+                && let Some(res) = self.resolutions.get(&key)
+            {
+                self.dirty_pods.extend(res.source_pods().into_iter().cloned());
+                self.dirty_annotations.extend(res.sides().flat_map(|(_, s)| s.sources.iter().map(|s| s.node.clone())));
+            }
+        }
+    }
+
+    /// The resolutions of the links that list `pod` as a source and are within the total.
+    pub(super) fn admitted_links<'a>(
+        &'a self,
+        pod: &ObjectKey,
+    ) -> impl Iterator<Item = (&'a ObjectKey, &'a Resolution)> + 'a {
+        let links = self.pod_links.get(pod);
+        links
+            .into_iter()
+            .flatten()
+            .filter(|k| !self.total_refused.contains_key(*k))
+            .filter_map(|k| self.resolutions.get_key_value(k))
+    }
+
     /// Recomputes one source pod's entry and moves it between node plans when its node or content changed.
     fn recompute_pod(
         &mut self,
@@ -165,9 +218,7 @@ impl Planner {
         changed_nodes: &mut BTreeSet<String>,
         changed_links: &mut BTreeSet<ObjectKey>,
     ) {
-        let links = self.pod_links.get(&pod);
-        let resolutions = links.into_iter().flatten().filter_map(|k| self.resolutions.get_key_value(k));
-        let out = compute_pod(&pod, resolutions, self.limits.per_pod());
+        let out = compute_pod(&pod, self.admitted_links(&pod), self.limits.per_pod());
         if self.entry_unchanged(&pod, out.as_ref()) {
             return;
         }

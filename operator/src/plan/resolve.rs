@@ -94,13 +94,19 @@ impl Resolution {
 
     /// Distinct destinations of both directions; for a refused link, the count it was refused for.
     pub(super) fn destination_count(&self) -> u32 {
-        if let Some(Refusal::LinkDestinations { destinations, .. }) = self.refusal {
+        if let Some(destinations) = self.refusal.as_ref().and_then(Refusal::destinations) {
             return destinations;
         }
         match (&self.forward, &self.reverse) {
             (Some(f), None) => f.destinations.len() as u32,
             _ => self.sides().flat_map(|(_, s)| s.destinations.iter()).collect::<BTreeSet<_>>().len() as u32,
         }
+    }
+
+    /// The pairs the link asks for: each side's sources times its destinations, before overlaps (which only
+    /// move pairs between links) and the per-pod limit (which only removes some). What the pair limits count.
+    pub(super) fn pair_bound(&self) -> u64 {
+        self.sides().map(|(_, s)| s.sources.len() as u64 * s.destinations.len() as u64).sum()
     }
 
     /// Every source pod of either direction.
@@ -210,8 +216,13 @@ pub(super) fn resolve_link_with(
     }
     res.exclusions = exclusions.into_iter().collect();
     let destinations = res.destination_count();
+    let pairs = res.pair_bound();
     if destinations > limits.per_link() {
         res.refusal = Some(Refusal::LinkDestinations { destinations, limit: limits.per_link() });
+    } else if pairs > u64::from(limits.pairs_per_link()) {
+        res.refusal = Some(Refusal::LinkPairs { pairs, destinations, limit: limits.pairs_per_link() });
+    }
+    if res.refusal.is_some() {
         res.forward = None;
         res.reverse = None;
     }

@@ -7,7 +7,6 @@ use isthmus_agent_api::QueueCap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use crate::api::{MAX_STATUS_FAILURES, MAX_STATUS_OVERLAPS, NetworkLinkStatus, OverlapStatus, PodFailure};
-use crate::failure::FailureReason;
 use crate::plan::LinkFacts;
 
 mod measured;
@@ -109,7 +108,7 @@ fn conditions(
         conditions.push(cond(READY, false, "InvalidSpec", &message));
         conditions.push(cond(DEGRADED, true, "InvalidSpec", &message));
     } else if let Some(refusal) = &facts.refusal {
-        let reason = FailureReason::TooManyDestinations.as_str();
+        let reason = refusal.reason().as_str();
         conditions.push(cond(READY, false, reason, &refusal.message()));
         conditions.push(cond(DEGRADED, true, reason, &refusal.message()));
     } else {
