@@ -31,6 +31,11 @@ impl ObjectKey {
     pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
         Self { namespace: namespace.into(), name: name.into() }
     }
+
+    /// Whether `link` is a direction of the NetworkLink this key names.
+    pub fn names(&self, link: &isthmus_agent_api::LinkRef) -> bool {
+        link.namespace == self.namespace && link.name == self.name
+    }
 }
 
 impl std::fmt::Display for ObjectKey {

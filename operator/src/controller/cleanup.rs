@@ -14,7 +14,8 @@ use super::Controller;
 use isthmus_agent_api::NodePlan;
 
 use super::finalizer::{
-    Cleanup, FINALIZER, cleanup_state, finalizers_patch, gone_note, incomplete_patch, plan_uses, timed_out_note,
+    Cleanup, FINALIZER, cleanup_state, finalizers_patch, gone_note, incomplete_patch, plan_uses, pod_uses,
+    timed_out_note,
 };
 use crate::api::{NetworkLink, StoredLink};
 use crate::index::ObjectKey;
@@ -22,18 +23,15 @@ use crate::index::ObjectKey;
 /// A deleted link waiting for its nodes.
 #[derive(Debug, Clone)]
 pub(super) struct PendingCleanup {
-    affected: BTreeSet<String>,
-    /// The pods (`namespace/name`) the link shaped on each affected node: what a timed-out cleanup names.
+    /// The affected nodes, each with the pods (`namespace/name`) the link shaped there: what a timed-out cleanup
+    /// names.
     pods: BTreeMap<String, BTreeSet<String>>,
     deadline: Instant,
 }
 
 /// The pods (`namespace/name`) of `plan` whose entries use the link.
 fn pods_using(plan: &NodePlan, link: &ObjectKey) -> impl Iterator<Item = String> {
-    plan.pods
-        .iter()
-        .filter(|p| p.destinations.iter().any(|d| d.link.namespace == link.namespace && d.link.name == link.name))
-        .map(|p| format!("{}/{}", p.namespace, p.name))
+    plan.pods.iter().filter(|p| pod_uses(p, link)).map(|p| format!("{}/{}", p.namespace, p.name))
 }
 
 impl Controller {
@@ -58,11 +56,10 @@ impl Controller {
                 }
             }
         }
-        let affected: BTreeSet<String> = pods.keys().cloned().collect();
-        tracing::info!(link = %key, nodes = affected.len(), "link deleted; removing its impairments");
+        tracing::info!(link = %key, nodes = pods.len(), "link deleted; removing its impairments");
         self.planner.delete_link(&key);
         let deadline = Instant::now() + self.ctx.config.cleanup_timeout;
-        self.cleanups.insert(key, PendingCleanup { affected, pods, deadline });
+        self.cleanups.insert(key, PendingCleanup { pods, deadline });
     }
 
     /// Releases the finalizer of each deleted link whose nodes are done, or whose wait ran out.
@@ -73,7 +70,7 @@ impl Controller {
             let Some(meta) = self.links.get(key) else { continue };
             let remaining: Vec<String> = meta.finalizers.iter().filter(|f| *f != FINALIZER).cloned().collect();
             let version = meta.resource_version.as_deref();
-            let (note, warn) = match cleanup_state(key, &pending.affected, &self.nodes, &reports) {
+            let (note, warn) = match cleanup_state(key, pending.pods.keys(), &self.nodes, &reports) {
                 Cleanup::Done { gone_nodes } if gone_nodes.is_empty() => (None, false),
                 Cleanup::Done { gone_nodes } => (Some(gone_note(&gone_nodes)), false),
                 Cleanup::Waiting { nodes, leftovers } if now >= pending.deadline => {

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use isthmus_agent_api::NodePlan;
+use isthmus_agent_api::{NodePlan, PodPlan};
 use serde_json::json;
 
 use super::nodes::NodeReport;
@@ -73,10 +73,12 @@ fn append_fitting(out: &mut String, items: &[String], limit: usize) {
 
 /// Whether a plan still asks for anything of the link.
 pub fn plan_uses(plan: &NodePlan, link: &ObjectKey) -> bool {
-    plan.pods
-        .iter()
-        .flat_map(|p| &p.destinations)
-        .any(|d| d.link.namespace == link.namespace && d.link.name == link.name)
+    plan.pods.iter().any(|pod| pod_uses(pod, link))
+}
+
+/// Whether a pod's entry asks for anything of the link.
+pub fn pod_uses(pod: &PodPlan, link: &ObjectKey) -> bool {
+    pod.destinations.iter().any(|d| link.names(&d.link))
 }
 
 /// Where a deleted link's cleanup stands.
@@ -94,9 +96,9 @@ pub enum Cleanup {
 /// The nodes among `affected` that still have to confirm a plan without the link. A node counts as done when it
 /// no longer exists, or its agent's latest acknowledged plan does not use the link and the agent reports no tree
 /// that may serve the link as one it could not remove.
-pub fn cleanup_state(
+pub fn cleanup_state<'a>(
     link: &ObjectKey,
-    affected: &BTreeSet<String>,
+    affected: impl IntoIterator<Item = &'a String>,
     existing_nodes: &BTreeSet<String>,
     reports: &BTreeMap<String, NodeReport>,
 ) -> Cleanup {

@@ -42,11 +42,8 @@ pub fn progress<'a>(
                 let p = out.entry(link.clone()).or_default();
                 match judge(&plan.node, report, confirmed.map(|r| &r.outcome), needs_netem) {
                     Outcome::Applied => {
-                        let refused: Vec<&RefusedDestination> = confirmed
-                            .into_iter()
-                            .flat_map(|r| &r.refused)
-                            .filter(|d| d.link.namespace == link.namespace && d.link.name == link.name)
-                            .collect();
+                        let refused: Vec<&RefusedDestination> =
+                            confirmed.into_iter().flat_map(|r| &r.refused).filter(|d| link.names(&d.link)).collect();
                         let refused_pairs = (refused.len() as u32).min(pairs);
                         let applied = pairs - refused_pairs;
                         p.applied += applied;
@@ -57,7 +54,7 @@ pub fn progress<'a>(
                             p.emulated += applied;
                         }
                         let caps = confirmed.into_iter().flat_map(|r| &r.queue_caps);
-                        for cap in caps.filter(|c| c.link.namespace == link.namespace && c.link.name == link.name) {
+                        for cap in caps.filter(|c| link.names(&c.link)) {
                             p.queue_limits_capped += 1;
                             p.first_cap.get_or_insert_with(|| cap.clone());
                         }
