@@ -138,9 +138,14 @@ impl Drop for Link<'_> {
     }
 }
 
-/// Waits until a condition of `link` reads `status` with `reason` for the link's current generation.
-pub fn wait_condition(ns: &TestNamespace, link: &str, type_: &str, status: &str, reason: &str) -> String {
+/// Waits until a condition of `link` reads `status` with `reason` for the link's current generation, and returns
+/// the link's whole status as read then: the rest of the status is judged from the same read, never from a
+/// later one, which a new plan may already have turned back to Pending.
+pub fn wait_condition(ns: &TestNamespace, link: &str, type_: &str, status: &str, reason: &str) -> serde_json::Value {
     wait_for(&format!("{link} {type_}={status} ({reason})"), Duration::from_secs(90), || {
-        ns.link_condition(link, type_).filter(|c| c.0 == status && c.1 == reason).map(|c| c.2)
+        let l = ns.json(&["get", "networklink", link]);
+        let c = l["status"]["conditions"].as_array()?.iter().find(|c| c["type"] == type_)?;
+        let current = c["observedGeneration"].as_i64() == l["metadata"]["generation"].as_i64();
+        (current && c["status"] == status && c["reason"] == reason).then(|| l["status"].clone())
     })
 }
