@@ -352,6 +352,10 @@ async fn serve(args: ServeArgs, common: CommonArgs) -> anyhow::Result<()> {
     };
     let _resync = (args.resync_seconds > 0).then(|| node.spawn_resync(Duration::from_secs(args.resync_seconds)));
     let _phases = node.spawn_phases();
+    let _loop_watch = node.spawn_loop_watch(Duration::from_secs(1), {
+        let health = health.clone();
+        move |why| health.set_failed(why)
+    });
 
     let tcp = tokio::net::TcpListener::bind(args.listen)
         .await

@@ -202,6 +202,8 @@ pub struct Metrics {
     pub pods_in_plan: Gauge,
     pub queue_limits_capped: Gauge,
     pub destinations_refused: Gauge,
+    /// 1 while the userspace datapath's loop runs, 0 once it stopped; absent with the tc datapath.
+    pub userspace_loop_running: Gauge,
     pub leftover_trees: Gauge,
     /// 1 for the datapath this agent gives its pods (`tc` or `userspace`).
     pub datapath: Family<DatapathLabels, Gauge>,
@@ -287,6 +289,13 @@ impl Metrics {
             "Destinations of the plan in force left unimpaired because the kernel cannot hold their impairment",
             destinations_refused.clone(),
         );
+        let userspace_loop_running = Gauge::default();
+        registry.register(
+            "isthmus_agent_userspace_loop_running",
+            "1 while the userspace datapath's packet loop runs; 0 once it stopped, after which the agent removed \
+             every capture (its pods go unimpaired) and fails its liveness probe until the kubelet restarts it",
+            userspace_loop_running.clone(),
+        );
         let leftover_trees = Gauge::default();
         registry.register(
             "isthmus_agent_leftover_trees",
@@ -354,6 +363,7 @@ impl Metrics {
             pods_in_plan,
             queue_limits_capped,
             destinations_refused,
+            userspace_loop_running,
             leftover_trees,
             datapath,
             trees_removed,

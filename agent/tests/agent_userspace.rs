@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use agent_common::{Agent, AgentOptions, Fleet, Ns, TestCerts, add_addr, ip, veth};
 use echo::{ECHO_PORT, Echo, WAIT, median, round_trips};
+use isthmus_agent::userspace::routing;
 use isthmus_agent_api::test_util::{destination, link, pod};
 use isthmus_agent_api::{DatapathKind, Impairment, ImpairmentFields, NodePlan, PodOutcome};
 
@@ -98,8 +99,9 @@ async fn userspace_datapath_emulates_fails_open_on_kill9_and_comes_back() {
     let reply = operator.apply(agent.api, &plan(3, pod_ip, &[])).await.unwrap();
     assert!(reply.pods.is_empty(), "{reply:?}");
     assert!(!has_capture(&client), "an empty plan left the capture");
-    let routes = ip(&["-n", &client.name, "route"]);
-    assert!(!routes.contains(&far.to_string()), "an empty plan left a route:\n{routes}");
+    let routes = ip(&["-n", &client.name, "route", "show", "table", "all"]);
+    let left = routes.lines().any(|l| l.starts_with(&format!("{far} ")) || l.contains("isth-u0"));
+    assert!(!left, "an empty plan left a route:\n{routes}");
     assert!(probe(&client, far, 50) < 3.0);
     agent.kill9();
 }
@@ -134,7 +136,8 @@ async fn one_agent_emulates_100_pods_with_10_destinations_each() {
     assert!(failed.is_empty() && reply.pods.len() == PODS, "{failed:?}\n{}", agent.log_text());
     for ns in [&fleet.pods[0], &fleet.pods[PODS - 1]] {
         assert!(has_capture(ns), "{} has no capture", ns.name);
-        let routes = ip(&["-n", &ns.name, "route", "show", "dev", "isth-u0"]);
+        let table = routing::TABLE.to_string();
+        let routes = ip(&["-n", &ns.name, "route", "show", "table", &table, "dev", "isth-u0"]);
         assert_eq!(routes.lines().count(), 10, "{}: {routes}", ns.name);
     }
     let (rss, peak) = agent.rss_kib();

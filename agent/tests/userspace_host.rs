@@ -97,14 +97,85 @@ async fn a_captured_destination_is_delayed_its_neighbour_is_not_and_the_agents_e
         assert!(Instant::now() < deadline, "the pod end outlived the agent's namespace by 10 s");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let routes = run(&["ip", "-n", &pair.a, "route"]);
-    assert!(!routes.contains("10.77.0.2"), "a capture route outlived it:\n{routes}");
+    let routes = run(&["ip", "-n", &pair.a, "route", "show", "table", "all"]);
+    assert!(!routes.lines().any(|r| r.starts_with("10.77.0.2 ")), "a capture route outlived it:\n{routes}");
     let a = pair.a.clone();
     let after = median(&tokio::task::spawn_blocking(move || probe(&a, impaired, 50, WAIT)).await.unwrap());
     println!("after the agent's namespace went: {after:.3} ms");
     assert!(after < 3.0, "the pod's traffic is still delayed ({after} ms) or gone after the agent");
     drop(pod_ns);
     drop(echoes);
+}
+
+/// The pod's routing as iproute2 reads it: every table's IPv4 and IPv6 routes, and the rules. Without the routes
+/// of IPv6 link-local addresses: the kernel adds those on its own, some time after an interface comes up (a read
+/// right after the pair was made lacked `local fe80::… dev va`, and one after the capture had it).
+fn routing(ns: &str) -> String {
+    let all: String = ["-4", "-6"]
+        .iter()
+        .map(|family| {
+            run(&["ip", family, "-n", ns, "route", "show", "table", "all"])
+                + &run(&["ip", family, "-n", ns, "rule", "show"])
+        })
+        .collect();
+    all.lines().filter(|l| !l.starts_with("local fe80:")).map(|l| format!("{l}\n")).collect()
+}
+
+/// A destination equal to the pod's own default route (`to.cidrs: [0.0.0.0/0]`): captured and delayed, while the
+/// pod's own routes stay as the CNI set them, and once the capture goes the pod's routing is exactly what it was
+/// (before, the capture replaced the default route in `main` and its removal left the pod without one).
+#[tokio::test]
+async fn a_capture_of_every_destination_leaves_the_pods_own_routes_as_they_were() {
+    let pair = Pair::new("us-dflt");
+    run(&["ip", "-n", &pair.a, "route", "add", "default", "via", "10.77.0.3", "dev", "va"]);
+    let before = routing(&pair.a);
+    let impaired: IpAddr = "10.77.0.2".parse().unwrap();
+    let _echo = echo(&pair.b, impaired);
+    let latency = impairment(ImpairmentFields { latency: Some(Duration::from_millis(20)), ..Default::default() });
+    let (_agent_ns, _pod_ns, capture, shell) = start(&pair, &[(net("0.0.0.0/0"), latency)]).await;
+    let main = run(&["ip", "-n", &pair.a, "route", "show", "table", "main"]);
+    assert!(main.contains("default via 10.77.0.3 dev va"), "the pod's default route was touched:\n{main}");
+    let a = pair.a.clone();
+    let slow = median(&tokio::task::spawn_blocking(move || probe(&a, impaired, 50, WAIT)).await.unwrap());
+    println!("median RTT with 0.0.0.0/0 captured: {slow:.3} ms (20 ms one way)");
+    assert!((20.0..23.0).contains(&slow), "median {slow} ms, want 20 ms plus at most 3");
+    capture.detach().await.unwrap();
+    drop(shell);
+    assert_eq!(routing(&pair.a), before, "the pod's routing differs from before the capture");
+    let a = pair.a.clone();
+    let after = median(&tokio::task::spawn_blocking(move || probe(&a, impaired, 50, WAIT)).await.unwrap());
+    assert!(after < 3.0, "after the capture: median {after} ms, want no delay");
+}
+
+/// A pod whose namespace filters reverse paths strictly (`rp_filter` 1 on `all` and on its interface, as on
+/// RHEL-family and hardened nodes) is impaired, not cut off: the replies from a captured destination arrive on
+/// its interface while the route back to their source goes through the capture, which strict filtering drops
+/// (before: every probe lost). The interface is loose while captured and strict again after.
+#[tokio::test]
+async fn a_pod_with_strict_reverse_path_filtering_is_impaired_not_cut_off() {
+    let pair = Pair::new("us-rpf");
+    let sysctl = |key: &str| format!("/proc/sys/net/ipv4/conf/{key}/rp_filter");
+    let read = |key: &str| in_netns(&pair.a, || std::fs::read_to_string(sysctl(key)).unwrap()).trim().to_owned();
+    for key in ["all", "va"] {
+        in_netns(&pair.a, || std::fs::write(sysctl(key), "1")).unwrap();
+    }
+    let before = routing(&pair.a);
+    let impaired: IpAddr = "10.77.0.2".parse().unwrap();
+    let _echo = echo(&pair.b, impaired);
+    let latency = impairment(ImpairmentFields { latency: Some(Duration::from_millis(20)), ..Default::default() });
+    let (_agent_ns, _pod_ns, capture, shell) = start(&pair, &[(net("10.77.0.2/32"), latency)]).await;
+    assert_eq!(read("va"), "2", "the captured pod's interface filters loosely");
+    let a = pair.a.clone();
+    let rtts = tokio::task::spawn_blocking(move || probe(&a, impaired, 50, WAIT)).await.unwrap();
+    let answered = rtts.iter().flatten().count();
+    println!("strict rp_filter: {answered} of 50 probes answered, median {:.3} ms", median(&rtts));
+    // Cut off is none answered; a probe answered later than `WAIT` (a stalled machine) counts as lost here.
+    assert!(answered >= 45, "the replies were dropped: {rtts:?}");
+    assert!((20.0..23.0).contains(&median(&rtts)), "median {} ms, want 20 ms plus at most 3", median(&rtts));
+    capture.detach().await.unwrap();
+    drop(shell);
+    assert_eq!((read("all"), read("va")), ("1".to_owned(), "1".to_owned()), "strict again once the capture went");
+    assert_eq!(routing(&pair.a), before, "the pod's routing differs from before the capture");
 }
 
 #[tokio::test]

@@ -36,11 +36,13 @@ pub enum FailureReason {
     KernelUnsupported,
     DuplicateRestriction,
     Kernel,
+    /// The node agent's userspace datapath stopped: its pods go unimpaired until the agent restarts.
+    DatapathStopped,
 }
 
 impl FailureReason {
     /// Every reason, in declaration order (for reading one back from its text).
-    pub const ALL: [FailureReason; 14] = [
+    pub const ALL: [FailureReason; 15] = [
         FailureReason::HostNetwork,
         FailureReason::AgentUnavailable,
         FailureReason::AgentUnreachable,
@@ -55,6 +57,7 @@ impl FailureReason {
         FailureReason::KernelUnsupported,
         FailureReason::DuplicateRestriction,
         FailureReason::Kernel,
+        FailureReason::DatapathStopped,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -73,6 +76,7 @@ impl FailureReason {
             FailureReason::KernelUnsupported => "KernelUnsupported",
             FailureReason::DuplicateRestriction => "DuplicateRestriction",
             FailureReason::Kernel => "Kernel",
+            FailureReason::DatapathStopped => "DatapathStopped",
         }
     }
 }
@@ -95,6 +99,7 @@ impl From<PodErrorKind> for FailureReason {
             PodErrorKind::KernelUnsupported => FailureReason::KernelUnsupported,
             PodErrorKind::DuplicateRestriction => FailureReason::DuplicateRestriction,
             PodErrorKind::Kernel => FailureReason::Kernel,
+            PodErrorKind::DatapathStopped => FailureReason::DatapathStopped,
         }
     }
 }
@@ -175,6 +180,7 @@ mod tests {
             (FailureReason::KernelUnsupported, "KernelUnsupported"),
             (FailureReason::DuplicateRestriction, "DuplicateRestriction"),
             (FailureReason::Kernel, "Kernel"),
+            (FailureReason::DatapathStopped, "DatapathStopped"),
         ];
         assert_eq!(FailureReason::ALL, reasons.map(|(r, _)| r), "ALL lists every reason once");
         for (reason, text) in reasons {
@@ -196,6 +202,7 @@ mod tests {
             (PodErrorKind::KernelUnsupported, "KernelUnsupported"),
             (PodErrorKind::DuplicateRestriction, "DuplicateRestriction"),
             (PodErrorKind::Kernel, "Kernel"),
+            (PodErrorKind::DatapathStopped, "DatapathStopped"),
         ];
         for (kind, text) in kinds {
             // The agent's own wire name for the kind is the operator's reason.

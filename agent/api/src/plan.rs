@@ -154,6 +154,9 @@ pub enum PodErrorKind {
     DuplicateRestriction,
     /// Any other kernel error; the message carries the kernel's extended-ack text.
     Kernel,
+    /// The agent's userspace datapath stopped (its loop ended): the agent removed every capture, so the pod's
+    /// traffic leaves unimpaired, and it fails its liveness probe so that the kubelet restarts it.
+    DatapathStopped,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

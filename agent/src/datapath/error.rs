@@ -72,6 +72,7 @@ impl DatapathError {
             DatapathError::KernelUnsupported { .. } => PodErrorKind::KernelUnsupported,
             DatapathError::DuplicateRestriction { .. } => PodErrorKind::DuplicateRestriction,
             DatapathError::Emulation { source, .. } if source.interface_missing() => PodErrorKind::InterfaceNotFound,
+            DatapathError::Emulation { source, .. } if source.stopped() => PodErrorKind::DatapathStopped,
             DatapathError::Kernel { .. }
             | DatapathError::Emulation { .. }
             | DatapathError::Namespace { .. }

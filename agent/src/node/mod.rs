@@ -128,6 +128,9 @@ impl Node {
             DatapathKind::Tc => None,
             DatapathKind::Userspace => Some(crate::userspace::Userspace::start().await?),
         };
+        if userspace.is_some() {
+            metrics.userspace_loop_running.set(1);
+        }
         let resolver = Resolver::new(config.sources.clone())?;
         let (config_name, verify) = (config.name.clone(), config.verify);
         let adopted = adopt::find_installed(&config.sources, Some(resolver.own_id()), config.parallelism).await?;
@@ -202,6 +205,41 @@ impl Node {
                 node.resync().await;
             }
         })
+    }
+
+    /// Watches the userspace datapath's loop every `interval` for as long as the node lives. Once it has stopped
+    /// (by a bug: a panic, or a failed poll), nothing reads the captures and every captured packet is lost while
+    /// the pods' links read Applied: the watch fails open at once ([`crate::userspace::Userspace::fail_open`]),
+    /// sets `isthmus_agent_userspace_loop_running` to 0 and calls `stopped` with why (the agent then fails its
+    /// liveness probe, so that the kubelet restarts it with a new loop); pods applied since fail with
+    /// `DatapathStopped`. `None` with the tc datapath: nothing to watch.
+    pub fn spawn_loop_watch(
+        self: &Arc<Self>,
+        interval: std::time::Duration,
+        stopped: impl FnOnce(String) + Send + 'static,
+    ) -> Option<tokio::task::JoinHandle<()>> {
+        let userspace = self.trees.userspace()?.clone();
+        let metrics = self.metrics.clone();
+        Some(tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(interval);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            while userspace.running() {
+                ticks.tick().await;
+            }
+            metrics.userspace_loop_running.set(0);
+            let why = match userspace.fail_open().await {
+                Ok(removed) => format!(
+                    "the userspace datapath's loop stopped: its {removed} captures were removed, so their pods' \
+                     traffic leaves unimpaired until the agent restarts"
+                ),
+                Err(e) => format!(
+                    "the userspace datapath's loop stopped, and removing its captures failed ({e}): pods may be \
+                     cut off until the agent restarts"
+                ),
+            };
+            tracing::error!(reason = %why, "the userspace datapath's loop stopped");
+            stopped(why);
+        }))
     }
 
     /// Runs one job of the node on a blocking-pool thread, driven there with `block_on`: mutations go to the

@@ -72,6 +72,11 @@ impl Trees {
         Self { metrics, parallelism: parallelism.max(1), userspace }
     }
 
+    /// The userspace datapath, where the node's pods go through it.
+    pub fn userspace(&self) -> Option<&Arc<Userspace>> {
+        self.userspace.as_ref()
+    }
+
     /// Opens a pod's handle in `netns` on the node's datapath (for tc, its connection and, across plans, its
     /// record), counted.
     pub async fn open(&self, netns: &Arc<Netns>) -> Result<PodDatapath, DatapathError> {

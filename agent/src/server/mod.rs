@@ -168,28 +168,44 @@ pub async fn serve_api(
         .await
 }
 
-/// Readiness: set once the capability probe ran and installed trees were adopted.
+/// Readiness: set once the capability probe ran and installed trees were adopted. Liveness: lost for good once a
+/// part the agent cannot run without has stopped (the userspace datapath's loop), so that the kubelet restarts it.
 #[derive(Debug, Clone, Default)]
 pub struct Health {
     ready: Arc<AtomicBool>,
+    failed: Arc<std::sync::OnceLock<String>>,
 }
 
 impl Health {
     pub fn set_ready(&self) {
         self.ready.store(true, Ordering::SeqCst);
     }
+
+    /// The agent can no longer do its work: both probes fail from now on, saying `why` (the first reason kept).
+    pub fn set_failed(&self, why: String) {
+        let _ = self.failed.set(why);
+    }
+
+    fn live(&self) -> (StatusCode, String) {
+        match self.failed.get() {
+            Some(why) => (StatusCode::SERVICE_UNAVAILABLE, why.clone()),
+            None => (StatusCode::OK, "ok".to_owned()),
+        }
+    }
 }
 
 pub fn health_router(health: Health) -> Router {
     Router::new()
-        .route("/healthz", get(|| async { "ok" }))
+        .route("/healthz", get(|State(h): State<Health>| async move { h.live() }))
         .route(
             "/readyz",
             get(|State(h): State<Health>| async move {
-                if h.ready.load(Ordering::SeqCst) {
-                    (StatusCode::OK, "ready")
-                } else {
-                    (StatusCode::SERVICE_UNAVAILABLE, "probing the kernel and adopting installed trees")
+                match h.live() {
+                    (StatusCode::OK, _) if h.ready.load(Ordering::SeqCst) => (StatusCode::OK, "ready".to_owned()),
+                    (StatusCode::OK, _) => {
+                        (StatusCode::SERVICE_UNAVAILABLE, "probing the kernel and adopting installed trees".to_owned())
+                    }
+                    failed => failed,
                 }
             }),
         )

@@ -2,7 +2,8 @@
 //!
 //! A veth pair: its pod end ([`POD_END`]) in the pod's namespace, its agent end in the agent's own namespace, one
 //! that no path on the node pins, so it lives only as long as the agent holds it. Each impaired destination gets
-//! a route through the pod end, so the pod's own stack hands the agent those packets (and only those): whole,
+//! a route through the pod end, in a table of isthmus's own ([`super::routing`]), so the pod's own stack hands
+//! the agent those packets (and only those): whole,
 //! checksummed, no longer than the MTU (offloads are off on the pod end). The agent sends them on out of the
 //! pod's interface with a socket bound to it, which the capture's routes do not apply to.
 //!
@@ -17,6 +18,7 @@ use netlink_packet_route::link::{LinkAttribute, LinkMessage};
 use netlink_packet_route::route::RouteScope;
 use rtnetlink::{Handle, LinkUnspec, LinkVeth, RouteMessageBuilder};
 
+use super::routing::{self, RpFilter, TABLE};
 use super::sys;
 use crate::datapath::socket::open_in;
 use crate::netns::Netns;
@@ -43,7 +45,7 @@ fn system(action: &'static str) -> impl FnOnce(std::io::Error) -> CaptureError {
 }
 
 /// An rtnetlink handle inside `netns`, its connection driven by the runtime until the handle is dropped.
-async fn handle_in(netns: &Netns) -> Result<Handle, CaptureError> {
+pub(super) async fn handle_in(netns: &Netns) -> Result<Handle, CaptureError> {
     let socket = open_in(netns).await.map_err(|e| CaptureError::System {
         action: "open a netlink socket in the namespace",
         source: std::io::Error::other(e.to_string()),
@@ -75,6 +77,8 @@ pub struct Capture {
     pub agent_end: u32,
     /// The MTU of the pod's interface, which the pair copies: no captured packet is longer.
     pub mtu: u32,
+    /// What the capture changed in the pod interface's reverse-path filter, set back on [`Capture::detach`].
+    rp_filter: (RpFilter, Option<u32>),
 }
 
 impl Capture {
@@ -133,11 +137,13 @@ impl Capture {
             .execute()
             .await
             .map_err(netlink("bring the capture's end up"))?;
-        Ok(Capture { pod, pod_end: pod_end.header.index, agent_end: ours.header.index, mtu })
+        let rp_filter = routing::enter(&pod, pod_ns, interface).await?;
+        Ok(Capture { pod, pod_end: pod_end.header.index, agent_end: ours.header.index, mtu, rp_filter })
     }
 
-    /// Routes `destination` through the capture; `source` (the pod's address of that family) is the source
-    /// address new connections to it take, as they would through the pod's own interface.
+    /// Routes `destination` through the capture, in the capture's own table (a route of the same prefix in the
+    /// pod's `main` stays as it is); `source` (the pod's address of that family) is the source address new
+    /// connections to it take, as they would through the pod's own interface.
     pub async fn route(&self, destination: IpNet, source: Option<IpAddr>) -> Result<(), CaptureError> {
         let message = self.route_message(destination, source);
         self.pod.route().add(message).replace().execute().await.map_err(netlink("route a destination to the capture"))
@@ -156,6 +162,7 @@ impl Capture {
             .destination_prefix(destination.network(), destination.prefix_len())
             .expect("an IpNet's address and prefix are of one family")
             .output_interface(self.pod_end)
+            .table_id(TABLE)
             .scope(RouteScope::Link);
         match source.filter(|s| s.is_ipv4() == destination.addr().is_ipv4()) {
             Some(s) => builder.pref_source(s).expect("checked to be of the destination's family").build(),
@@ -168,13 +175,33 @@ impl Capture {
         Ok(link_by_name(&self.pod, POD_END).await?.is_some_and(|l| l.header.index == self.pod_end))
     }
 
-    /// Removes the pair (and so every route through it) now, rather than when the agent ends.
+    /// Removes the pair (and so every route through it) now, rather than when the agent ends, and undoes what
+    /// the capture changed in the pod's routing rules and reverse-path filter.
     pub async fn detach(self) -> Result<(), CaptureError> {
         match self.pod.link().del(self.pod_end).execute().await {
-            Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ENODEV => Ok(()),
-            other => other.map_err(netlink("remove the capture")),
+            Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ENODEV => {}
+            other => other.map_err(netlink("remove the capture"))?,
+        }
+        routing::leave(&self.pod, self.rp_filter.0, self.rp_filter.1).await
+    }
+}
+
+/// Removes every interface but the loopback from the agent's namespace `agent_ns`: each is a capture's agent end,
+/// and removing it removes its pod end and every route through that. Returns how many it removed.
+pub async fn remove_all(agent_ns: &Netns) -> Result<usize, CaptureError> {
+    let handle = handle_in(agent_ns).await?;
+    let links: Vec<LinkMessage> =
+        handle.link().get().execute().try_collect().await.map_err(netlink("list the captures"))?;
+    let mut removed = 0;
+    for link in links.iter().filter(|l| !l.attributes.contains(&LinkAttribute::IfName("lo".into()))) {
+        match handle.link().del(link.header.index).execute().await {
+            Ok(()) => removed += 1,
+            // Its pod's namespace went, and the pair with it, since the list was read.
+            Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ENODEV => {}
+            Err(e) => return Err(netlink("remove a capture")(e)),
         }
     }
+    Ok(removed)
 }
 
 fn raw(netns: &Netns) -> std::os::fd::RawFd {

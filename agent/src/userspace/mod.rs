@@ -9,6 +9,7 @@
 //! ```
 //!
 //! - [`capture`]: the veth pair and the routes (netlink); fail-open when the agent dies.
+//! - [`routing`]: the capture's own routing table and rules, and the pod's reverse-path filter while captured.
 //! - [`pipeline`]: pure: which destination a packet is for, its emulator, when the next one leaves.
 //! - [`shard`]: pure: which of the pod's capture sockets a packet queues on, so that no destination's backlog
 //!   holds up another's while the loop falls behind.
@@ -25,6 +26,7 @@
 pub mod capture;
 pub mod pipeline;
 mod pod;
+pub mod routing;
 pub mod shard;
 pub mod sys;
 
@@ -106,6 +108,9 @@ enum Command {
     Detach(String),
     /// Replies with the pod's destinations' counters and the loop's.
     Counters(String, mpsc::Sender<Option<PodCounters>>),
+    /// Ends the loop as a bug would: the tests of what a stopped loop leads to.
+    #[cfg(test)]
+    Panic,
 }
 
 /// Nanoseconds since `epoch`: the emulators' clock.
@@ -140,8 +145,16 @@ impl Shell {
         clock(self.epoch)
     }
 
+    /// Whether the loop still runs. It ends on its own only by a bug (a panic) or a failed poll; then nothing
+    /// reads the captures and every captured packet is lost, which the agent turns into fail-open
+    /// ([`super::Userspace::fail_open`]).
+    pub fn running(&self) -> bool {
+        self.thread.as_ref().is_some_and(|t| !t.is_finished())
+    }
+
     fn send(&self, command: Command) {
-        // The loop ends only when the Shell is dropped; a failed send means it panicked, which its join reports.
+        // The loop ends only when the Shell is dropped, or by a bug ([`Shell::running`]); a command sent to an
+        // ended loop is lost, and a caller waiting for a reply gets none.
         let _ = self.commands.send(command);
         let _ = nix::unistd::write(&self.wake, &[1]);
     }
@@ -256,7 +269,7 @@ impl Loop {
             let next = self.pods.values().filter_map(Pod::next_wakeup).min();
             let timeout = next.map(|at| at.saturating_sub(now));
             if let Err(e) = sys::wait_readable(&fds, timeout, &mut readable) {
-                tracing::error!(error = %e, "the userspace datapath's poll failed");
+                tracing::error!(error = %e, "the userspace datapath's poll failed; the loop ends");
                 return;
             }
             if readable.first() == Some(&true) {
@@ -315,6 +328,8 @@ impl Loop {
                     let answer = self.pods.get(&name).map(|p| (p.path.pipeline.counters().collect(), self.counters));
                     let _ = reply.send(answer);
                 }
+                #[cfg(test)]
+                Ok(Command::Panic) => panic!("the loop was asked to fail"),
                 Err(mpsc::TryRecvError::Empty) => return Some(changed),
                 Err(mpsc::TryRecvError::Disconnected) => return None,
             }
@@ -346,5 +361,24 @@ fn receive(path: &mut PodPath, shard: usize, buf: &mut [u8], epoch: Instant, cou
         {
             counters.send_errors += 1;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_loop_that_ends_by_a_bug_is_seen_to_have_stopped() {
+        let shell = Shell::start().unwrap();
+        assert!(shell.running());
+        assert_eq!(shell.counters("pod-0"), None, "the loop answers while it runs");
+        shell.send(Command::Panic);
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        while shell.running() {
+            assert!(Instant::now() < deadline, "the loop still runs 10 s after it panicked");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(shell.counters("pod-0"), None, "a stopped loop answers nothing, and holds up no caller");
     }
 }

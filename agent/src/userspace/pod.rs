@@ -34,6 +34,19 @@ impl Userspace {
         Ok(Arc::new(Userspace { shell: Shell::start()?, netns: Netns::scratch().await?, next: AtomicU64::new(0) }))
     }
 
+    /// Whether the loop still runs ([`Shell::running`]).
+    pub fn running(&self) -> bool {
+        self.shell.running()
+    }
+
+    /// Fail-open for a loop that stopped while the agent lives on: removes every capture (each pair's agent end
+    /// is in the agent's namespace, which holds nothing else), and with them every route through them, so that
+    /// the pods' traffic takes their ordinary routes again instead of a loop that no longer reads it. Returns
+    /// how many captures it removed. What the agent dying does by itself, done while it still runs.
+    pub async fn fail_open(&self) -> Result<usize, CaptureError> {
+        super::capture::remove_all(&self.netns).await
+    }
+
     /// A pod's emulation in `netns`, empty until reconciled.
     pub fn open(self: &Arc<Self>, netns: Arc<Netns>) -> PodEmulation {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
@@ -47,12 +60,22 @@ pub enum EmulationError {
     Capture(#[from] CaptureError),
     #[error("{action}: {source}")]
     Socket { action: &'static str, source: io::Error },
+    #[error(
+        "the userspace datapath's loop stopped: every capture was removed, so the pod's traffic leaves unimpaired \
+         until the agent restarts"
+    )]
+    Stopped,
 }
 
 impl EmulationError {
     /// The pod has no interface of the plan's name.
     pub fn interface_missing(&self) -> bool {
         matches!(self, EmulationError::Capture(CaptureError::NoInterface(_)))
+    }
+
+    /// The loop is gone: nothing can be emulated until the agent restarts.
+    pub fn stopped(&self) -> bool {
+        matches!(self, EmulationError::Stopped)
     }
 }
 
@@ -99,6 +122,10 @@ impl PodEmulation {
         full: bool,
     ) -> Result<usize, EmulationError> {
         let mut state = self.state.lock().await;
+        if !desired.is_empty() && !self.userspace.running() {
+            // A capture now would take the pod's packets into a loop that no longer reads them.
+            return Err(EmulationError::Stopped);
+        }
         if desired.is_empty() {
             return Ok(match state.take() {
                 Some(installed) => {
@@ -184,5 +211,115 @@ impl Drop for PodEmulation {
     /// namespace, or goes with the agent's.
     fn drop(&mut self) {
         self.userspace.shell.detach(&self.key());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{IpAddr, Ipv4Addr};
+    use std::time::Duration;
+
+    use futures::TryStreamExt;
+    use isthmus_agent_api::{Impairment, ImpairmentFields};
+    use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteMessage};
+    use rtnetlink::{LinkUnspec, LinkVeth, RouteMessageBuilder};
+
+    use super::*;
+    use crate::userspace::Command;
+    use crate::userspace::capture::{POD_END, handle_in};
+    use crate::userspace::routing::TABLE;
+
+    const MAIN: u32 = 254;
+
+    /// The pod's IPv4 routes in `table`, as (destination/prefix, output interface index).
+    async fn routes(netns: &Netns, table: u32) -> Vec<(String, u32)> {
+        let handle = handle_in(netns).await.unwrap();
+        let dump: Vec<RouteMessage> = handle
+            .route()
+            .get(RouteMessageBuilder::<Ipv4Addr>::new().table_id(table).build())
+            .execute()
+            .try_collect()
+            .await
+            .unwrap();
+        dump.iter()
+            .filter(|r| {
+                let id =
+                    r.attributes.iter().find_map(|a| if let RouteAttribute::Table(t) = a { Some(*t) } else { None });
+                id.unwrap_or(u32::from(r.header.table)) == table
+            })
+            .map(|r| {
+                let dst = r.attributes.iter().find_map(|a| match a {
+                    RouteAttribute::Destination(RouteAddress::Inet(d)) => Some(d.to_string()),
+                    _ => None,
+                });
+                let oif =
+                    r.attributes.iter().find_map(|a| if let RouteAttribute::Oif(i) = a { Some(*i) } else { None });
+                (
+                    format!("{}/{}", dst.unwrap_or_else(|| "0.0.0.0".into()), r.header.destination_prefix_length),
+                    oif.unwrap_or(0),
+                )
+            })
+            .collect()
+    }
+
+    /// A pod's namespace: `eth0` (one end of a veth pair) up with 10.99.0.1/24 and the CNI's route to 10.98.0.0/16.
+    async fn pod_namespace() -> (Arc<Netns>, u32) {
+        let netns = Arc::new(Netns::scratch().await.unwrap());
+        let handle = handle_in(&netns).await.unwrap();
+        handle.link().add(LinkVeth::new("eth0", "peer0").build()).execute().await.unwrap();
+        let mut eth0 = handle.link().get().match_name("eth0").execute();
+        let index = eth0.try_next().await.unwrap().unwrap().header.index;
+        for name in ["eth0", "peer0"] {
+            let link = handle.link().get().match_name(name).execute().try_next().await.unwrap().unwrap();
+            handle.link().set(LinkUnspec::new_with_index(link.header.index).up().build()).execute().await.unwrap();
+        }
+        handle.address().add(index, IpAddr::V4(Ipv4Addr::new(10, 99, 0, 1)), 24).execute().await.unwrap();
+        let cni = RouteMessageBuilder::<Ipv4Addr>::new()
+            .destination_prefix(Ipv4Addr::new(10, 98, 0, 0), 16)
+            .output_interface(index)
+            .build();
+        handle.route().add(cni).execute().await.unwrap();
+        (netns, index)
+    }
+
+    /// A loop that stops (here by a panic) is seen to have stopped; fail-open removes the capture and its routes
+    /// while the agent lives on, leaving the pod's own routes as they were; and nothing is captured again.
+    #[tokio::test]
+    #[ignore = "needs root: make unit runs it"]
+    async fn a_stopped_loop_fails_open_and_captures_nothing_more() {
+        assert!(nix::unistd::geteuid().is_root(), "needs root to create network namespaces (make unit runs it)");
+        let (pod_ns, eth0) = pod_namespace().await;
+        let before = routes(&pod_ns, MAIN).await;
+        let userspace = Userspace::start().await.unwrap();
+        let pod = userspace.open(pod_ns.clone());
+        let fields = ImpairmentFields { latency: Some(Duration::from_millis(10)), ..Default::default() };
+        let impairment = Arc::new(Impairment::try_from(fields).unwrap());
+        let desired = DesiredState::new([("10.98.1.0/24".parse::<IpNet>().unwrap(), impairment)]).unwrap();
+        pod.reconcile("eth0", &desired, false).await.unwrap();
+        let captured = routes(&pod_ns, TABLE).await;
+        assert!(
+            captured.iter().any(|(dst, oif)| dst == "10.98.1.0/24" && *oif != eth0),
+            "the destination is routed to the capture: {captured:?}"
+        );
+        assert_eq!(routes(&pod_ns, MAIN).await, before, "the pod's own table is not touched");
+
+        userspace.shell.send(Command::Panic);
+        for _ in 0..1000 {
+            if !userspace.running() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(!userspace.running(), "the loop panicked 10 s ago");
+        assert_eq!(userspace.fail_open().await.unwrap(), 1, "the one capture is removed");
+
+        assert_eq!(routes(&pod_ns, MAIN).await, before, "the pod's routes are what they were before the capture");
+        assert_eq!(routes(&pod_ns, TABLE).await, vec![], "no route leads to the removed capture");
+        let handle = handle_in(&pod_ns).await.unwrap();
+        let left = handle.link().get().match_name(POD_END).execute().try_next().await;
+        assert!(!matches!(left, Ok(Some(_))), "the capture's end is gone from the pod: {left:?}");
+        let again = pod.reconcile("eth0", &desired, true).await.unwrap_err();
+        assert!(again.stopped(), "nothing is captured into a stopped loop: {again}");
+        assert_eq!(pod.reconcile("eth0", &DesiredState::empty(), false).await.unwrap(), 1, "emptying still works");
     }
 }

@@ -136,7 +136,7 @@ impl Emulation {
         match self {
             Emulation::Tc(_) => link.tc_show("qdisc"),
             Emulation::Userspace { .. } => {
-                Ok(format!("{}{}", link.a.ip(&["-o", "link", "show"])?, link.a.ip(&["route", "show"])?))
+                Ok(format!("{}{}", link.a.ip(&["-o", "link", "show"])?, link.a.ip(&["route", "show", "table", "all"])?))
             }
         }
     }

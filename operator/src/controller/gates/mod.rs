@@ -39,6 +39,9 @@ pub enum Verdict {
     Applied {
         node: String,
         destinations: usize,
+        /// The node's agent emulates the pod's links itself (the userspace datapath), which sockets bound to
+        /// the pod's interface bypass.
+        emulated: bool,
     },
     NoLinks,
     /// The names of the links (in the pod's namespace) that select the pod.
@@ -65,9 +68,15 @@ impl Verdict {
 
     fn message(&self) -> String {
         match self {
-            Verdict::Applied { node, destinations } => {
+            Verdict::Applied { node, destinations, emulated } => {
                 let s = if *destinations == 1 { "" } else { "s" };
-                format!("node {node}'s agent applied every link that shapes this pod ({destinations} destination{s})")
+                let applied = format!(
+                    "node {node}'s agent applied every link that shapes this pod ({destinations} destination{s})"
+                );
+                match emulated {
+                    false => applied,
+                    true => format!("{applied}, emulated by the agent: {EMULATION_LIMIT}"),
+                }
             }
             Verdict::NoLinks => "no NetworkLink selects this pod as a source; nothing to wait for".into(),
             Verdict::NoPairs { links } => {
@@ -86,6 +95,10 @@ impl Verdict {
         }
     }
 }
+
+/// What the userspace datapath does not impair (docs/datapaths.md), said on every pod it shapes.
+pub const EMULATION_LIMIT: &str =
+    "sockets bound to the pod's interface (SO_BINDTODEVICE) bypass the emulation and go unimpaired";
 
 /// The condition to write on one pod.
 #[derive(Debug, Clone, PartialEq)]
@@ -134,7 +147,13 @@ pub fn verdict(planner: &Planner, reports: &BTreeMap<String, NodeReport>, key: &
         let report = reports.get(node);
         let needs_netem = entry.destinations.iter().any(|d| d.impairment.needs_netem());
         return Some(match judge_entry(node, report, entry, needs_netem) {
-            Outcome::Applied => Verdict::Applied { node: node.to_owned(), destinations: entry.destinations.len() },
+            Outcome::Applied => Verdict::Applied {
+                node: node.to_owned(),
+                destinations: entry.destinations.len(),
+                emulated: report
+                    .and_then(|r| r.capabilities.as_ref())
+                    .is_some_and(|c| c.datapath == isthmus_agent_api::DatapathKind::Userspace),
+            },
             Outcome::Failed(reason, message) => Verdict::Failed { reason, message },
             Outcome::Pending => Verdict::Pending,
         });

@@ -125,7 +125,8 @@ fn applied_only_once_the_agent_confirmed_the_desired_entry() {
 
     let desired = p.node_plan("n1").unwrap().clone();
     let reports = acked(&desired, &[("client", PodOutcome::Applied)], true);
-    assert_eq!(verdict_of(&p, &reports, "client"), Some(Verdict::Applied { node: "n1".into(), destinations: 1 }));
+    let applied = Verdict::Applied { node: "n1".into(), destinations: 1, emulated: false };
+    assert_eq!(verdict_of(&p, &reports, "client"), Some(applied));
     let written = changes(&p, &reports, [&key("client")], &time(10));
     let expected = GateChange {
         pod: key("client"),
@@ -143,6 +144,26 @@ fn applied_only_once_the_agent_confirmed_the_desired_entry() {
     older.pods[0].destinations[0].destination = "10.9.9.9/32".parse().unwrap();
     let reports = acked(&older, &[("client", PodOutcome::Applied)], true);
     assert_eq!(verdict_of(&p, &reports, "client"), Some(Verdict::Pending));
+}
+
+#[test]
+fn a_pod_the_agent_emulates_is_told_what_the_emulation_leaves_unimpaired() {
+    let p = client_and_server();
+    let desired = p.node_plan("n1").unwrap().clone();
+    let mut reports = acked(&desired, &[("client", PodOutcome::Applied)], false);
+    let report = reports.get_mut("n1").unwrap();
+    report.capabilities.as_mut().unwrap().datapath = isthmus_agent_api::DatapathKind::Userspace;
+    let verdict = verdict_of(&p, &reports, "client").unwrap();
+    assert_eq!(verdict, Verdict::Applied { node: "n1".into(), destinations: 1, emulated: true });
+    let written = changes(&p, &reports, [&key("client")], &time(10));
+    assert_eq!(written.len(), 1);
+    assert_eq!(
+        written[0].write.message,
+        format!(
+            "node n1's agent applied every link that shapes this pod (1 destination), emulated by the agent: {}",
+            super::EMULATION_LIMIT
+        )
+    );
 }
 
 #[test]
@@ -267,7 +288,7 @@ fn pending_never_writes_and_ready_stays_ready() {
         assert_eq!(decide(Some(&carrying(reason, 1)), &Verdict::Pending, &now), None, "{reason} stays");
     }
     // True stays True through a change of reason, and keeps its transition time.
-    let applied = Verdict::Applied { node: "n1".into(), destinations: 3 };
+    let applied = Verdict::Applied { node: "n1".into(), destinations: 3, emulated: false };
     let w = decide(Some(&carrying(GateReason::NoLinks, 1)), &applied, &now).unwrap();
     assert_eq!((w.reason, w.last_transition_time), (GateReason::Applied, time(1)));
     assert_eq!(w.message, "node n1's agent applied every link that shapes this pod (3 destinations)");
