@@ -14,8 +14,9 @@ use crate::failure::FailureReason;
 /// The pod condition isthmus maintains on pods that declare it as a readiness gate.
 pub const CONDITION_TYPE: &str = "isthmus.dev/links-applied";
 
-/// Why the condition has its status: `True` for [`Applied`](GateReason::Applied), [`NoLinks`](GateReason::NoLinks)
-/// and [`NoPairs`](GateReason::NoPairs), `False` for a [`Failed`](GateReason::Failed) entry. A pod whose links are
+/// Why the condition has its status: `True` for [`Applied`](GateReason::Applied), [`NoLinks`](GateReason::NoLinks),
+/// [`NoPairs`](GateReason::NoPairs) and [`Uninstalled`](GateReason::Uninstalled), `False` for a
+/// [`Failed`](GateReason::Failed) entry. A pod whose links are
 /// still pending gets no reason: isthmus leaves its condition as it is (absent on a new pod).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum GateReason {
@@ -27,15 +28,23 @@ pub enum GateReason {
     NoPairs,
     /// The pod's entry failed, for the reason its links' status gives.
     Failed(FailureReason),
+    /// Written once, by the uninstall hook told to release gated pods (`--gated-pods release`): isthmus is going
+    /// away, and nothing would set the condition after it.
+    Uninstalled,
 }
 
 impl GateReason {
+    /// Every reason but the failures: each makes the condition `True`.
+    pub const OWN: [GateReason; 4] =
+        [GateReason::Applied, GateReason::NoLinks, GateReason::NoPairs, GateReason::Uninstalled];
+
     pub const fn as_str(self) -> &'static str {
         match self {
             GateReason::Applied => "Applied",
             GateReason::NoLinks => "NoLinks",
             GateReason::NoPairs => "NoPairs",
             GateReason::Failed(r) => r.as_str(),
+            GateReason::Uninstalled => "Uninstalled",
         }
     }
 
@@ -46,10 +55,7 @@ impl GateReason {
 
     /// The reason a condition on the server carries; `None` for a text isthmus never writes.
     pub fn parse(text: &str) -> Option<GateReason> {
-        [GateReason::Applied, GateReason::NoLinks, GateReason::NoPairs]
-            .into_iter()
-            .chain(FailureReason::ALL.map(GateReason::Failed))
-            .find(|r| r.as_str() == text)
+        GateReason::OWN.into_iter().chain(FailureReason::ALL.map(GateReason::Failed)).find(|r| r.as_str() == text)
     }
 }
 
@@ -151,9 +157,8 @@ mod tests {
 
     #[test]
     fn every_reason_keeps_its_text_and_reads_back() {
-        let own =
-            [(GateReason::Applied, "Applied"), (GateReason::NoLinks, "NoLinks"), (GateReason::NoPairs, "NoPairs")];
-        for (reason, text) in own {
+        let texts = ["Applied", "NoLinks", "NoPairs", "Uninstalled"];
+        for (reason, text) in GateReason::OWN.into_iter().zip(texts) {
             assert_eq!((reason.as_str(), reason.status()), (text, true));
             assert_eq!(GateReason::parse(text), Some(reason));
         }
@@ -171,7 +176,7 @@ mod tests {
     fn every_own_reason_is_documented() {
         let reference = include_str!("../../docs/networklink.md");
         let troubleshooting = include_str!("../../docs/troubleshooting.md");
-        for reason in [GateReason::Applied, GateReason::NoLinks, GateReason::NoPairs] {
+        for reason in GateReason::OWN {
             let row = format!("\n| `True` | `{reason}` |");
             assert!(reference.contains(&row), "{reason}: no row in docs/networklink.md");
             assert!(troubleshooting.contains(&row), "{reason}: no row in docs/troubleshooting.md");

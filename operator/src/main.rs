@@ -23,6 +23,7 @@ use isthmus_operator::plan::{
     PlanLimits,
 };
 use isthmus_operator::telemetry::{self, HttpState, LogFormat};
+use isthmus_operator::uninstall::GatedPodsPolicy;
 use kube::runtime::events::{Recorder, Reporter};
 
 #[derive(Debug, Parser)]
@@ -136,6 +137,10 @@ enum Command {
     Uninstall {
         #[arg(long, default_value_t = 180)]
         timeout_seconds: u64,
+        /// Pods that declare the readiness gate `isthmus.dev/links-applied`: `refuse` uninstalls nothing while
+        /// one exists (naming them), `release` uninstalls and then sets their condition True (`Uninstalled`).
+        #[arg(long, value_enum, default_value_t = GatedPodsPolicy::Refuse)]
+        gated_pods: GatedPodsPolicy,
     },
 }
 
@@ -143,8 +148,8 @@ enum Command {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     telemetry::init_logging(args.log_format);
-    if let Some(Command::Uninstall { timeout_seconds }) = args.command {
-        return uninstall(Duration::from_secs(timeout_seconds)).await;
+    if let Some(Command::Uninstall { timeout_seconds, gated_pods }) = args.command {
+        return uninstall(Duration::from_secs(timeout_seconds), gated_pods).await;
     }
 
     let config = args.controller_config()?;
@@ -208,12 +213,10 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn uninstall(timeout: Duration) -> anyhow::Result<()> {
+async fn uninstall(timeout: Duration, gated_pods: GatedPodsPolicy) -> anyhow::Result<()> {
     let client = kube::Client::try_default().await.context("connecting to the Kubernetes API")?;
-    let deleted = isthmus_operator::uninstall::delete_all_and_wait(client, timeout)
-        .await
-        .context("uninstall: deleting every NetworkLink and waiting for the operator to remove their impairments")?;
-    tracing::info!(deleted, "no NetworkLink left");
+    let done = isthmus_operator::uninstall::uninstall(client, timeout, gated_pods).await.context("uninstall")?;
+    tracing::info!(deleted = done.deleted, released = done.released, "no NetworkLink left");
     Ok(())
 }
 

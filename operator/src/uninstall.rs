@@ -4,21 +4,33 @@
 //!
 //! The wait watches rather than polls, and a link created meanwhile is deleted as well: when this returns `Ok`,
 //! no NetworkLink exists anywhere. NetworkTopologies are deleted first, or the operator would make their links
-//! again.
+//! again. Before anything, the pods that declare the readiness gate are looked at ([`gated`]): by default their
+//! presence refuses the uninstall.
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
 use futures::StreamExt as _;
-use kube::api::{Api, DeleteParams};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::WatchStreamExt as _;
 use kube::runtime::watcher::{self, Event, watcher};
 use kube::{Client, ResourceExt as _};
 
 use crate::api::StoredLink;
 use crate::controller::finalizer::INCOMPLETE_ANNOTATION;
+use crate::gate::CONDITION_TYPE;
 use crate::topology::NetworkTopology;
+
+pub mod gated;
+
+pub use gated::GatedPodsPolicy;
+use gated::{GatedPod, Named, gated_pods, release_body};
+
+/// The field manager of the condition the hook writes on released pods.
+const FIELD_MANAGER: &str = "isthmus-uninstall";
 
 /// Why the uninstall did not finish.
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +59,106 @@ pub enum UninstallError {
     CleanupIncomplete { incomplete: BTreeMap<String, String> },
     #[error("the NetworkLink watch ended unexpectedly")]
     WatchEnded,
+    #[error(
+        "nothing was uninstalled: {} pod(s) declare the readiness gate {CONDITION_TYPE}: {}. Without isthmus nothing \
+         sets that condition, so every pod made later from the same templates would never become Ready. Remove \
+         the readiness gate from those workloads' pod templates (or delete them) and uninstall again, or set \
+         uninstall.gatedPods=Release (`isthmus-operator uninstall --gated-pods release`) to mark these pods' \
+         condition True on the way out",
+        pods.len(),
+        Named(pods)
+    )]
+    GatedPods { pods: Vec<GatedPod> },
+    #[error(
+        "every NetworkLink is gone, but {} gated pod(s) could not be released: {}; last error: {last_error}",
+        pods.len(),
+        Named(pods)
+    )]
+    ReleaseFailed { pods: Vec<GatedPod>, last_error: String },
+    #[error("could not list pods within {}s: {last_error}", timeout.as_secs())]
+    PodsNotListed { timeout: Duration, last_error: String },
+}
+
+/// What a successful uninstall did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Uninstalled {
+    /// NetworkLinks this run deleted.
+    pub deleted: usize,
+    /// Gated pods whose condition it set `True` (with [`GatedPodsPolicy::Release`]).
+    pub released: usize,
+}
+
+/// Looks at the gated pods (refusing under [`GatedPodsPolicy::Refuse`] while any exists), deletes every
+/// NetworkTopology and NetworkLink and waits, up to `timeout` in all, until none remains; under
+/// [`GatedPodsPolicy::Release`] then marks the gated pods' condition `True`. Needs `list` on pods, and `patch` on
+/// `pods/status` to release, besides what [`delete_all_and_wait`] needs.
+pub async fn uninstall(
+    client: Client,
+    timeout: Duration,
+    policy: GatedPodsPolicy,
+) -> Result<Uninstalled, UninstallError> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    if policy == GatedPodsPolicy::Refuse {
+        let pods = list_gated(&client, deadline, timeout).await?;
+        if !pods.is_empty() {
+            return Err(UninstallError::GatedPods { pods });
+        }
+    }
+    let deleted = delete_until(client.clone(), deadline, timeout).await?;
+    let released = match policy {
+        GatedPodsPolicy::Refuse => 0,
+        GatedPodsPolicy::Release => release(&client, deadline, timeout).await?,
+    };
+    Ok(Uninstalled { deleted, released })
+}
+
+/// The gated pods of every namespace, listed again on API errors until the deadline.
+async fn list_gated(
+    client: &Client,
+    deadline: tokio::time::Instant,
+    timeout: Duration,
+) -> Result<Vec<GatedPod>, UninstallError> {
+    let pods: Api<Pod> = Api::all(client.clone());
+    loop {
+        match pods.list(&Default::default()).await {
+            Ok(list) => return Ok(gated_pods(&list.items)),
+            Err(e) if tokio::time::Instant::now() >= deadline => {
+                return Err(UninstallError::PodsNotListed { timeout, last_error: e.to_string() });
+            }
+            Err(e) => tracing::warn!(error = %e, "listing pods; retrying"),
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Sets the condition `True` on every gated pod whose condition is not; how many it set.
+async fn release(client: &Client, deadline: tokio::time::Instant, timeout: Duration) -> Result<usize, UninstallError> {
+    let pending: Vec<GatedPod> =
+        list_gated(client, deadline, timeout).await?.into_iter().filter(|p| !p.released).collect();
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let mut failed = Vec::new();
+    let mut last_error = String::new();
+    let mut released = 0;
+    for pod in &pending {
+        let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace);
+        match api.patch_status(&pod.name, &params, &Patch::Apply(release_body(pod, &now))).await {
+            Ok(_) => {
+                released += 1;
+                tracing::info!(pod = %format!("{}/{}", pod.namespace, pod.name), "released a gated pod");
+            }
+            // Gone, or replaced by a pod of the same name (refused by UID): nothing of this one is left to release.
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+            Err(e) => {
+                last_error = format!("{}/{}: {e}", pod.namespace, pod.name);
+                failed.push(pod.clone());
+            }
+        }
+    }
+    if !failed.is_empty() {
+        return Err(UninstallError::ReleaseFailed { pods: failed, last_error });
+    }
+    Ok(released)
 }
 
 /// `namespace/name (what its cleanup left)`, semicolon-separated.
@@ -88,7 +200,15 @@ impl fmt::Display for Remaining<'_> {
 /// the operator dropped after its cleanup wait ran out (its last state carries [`INCOMPLETE_ANNOTATION`]) makes
 /// it fail too, naming the nodes and pods that may still be impaired.
 pub async fn delete_all_and_wait(client: Client, timeout: Duration) -> Result<usize, UninstallError> {
-    let deadline = tokio::time::Instant::now() + timeout;
+    delete_until(client, tokio::time::Instant::now() + timeout, timeout).await
+}
+
+/// [`delete_all_and_wait`] up to `deadline`; `timeout` is what the errors name.
+async fn delete_until(
+    client: Client,
+    deadline: tokio::time::Instant,
+    timeout: Duration,
+) -> Result<usize, UninstallError> {
     // A topology would make its links again while the operator runs: topologies go first.
     delete_topologies(&client, deadline, timeout).await?;
     let links: Api<StoredLink> = Api::all(client.clone());

@@ -1,22 +1,28 @@
 //! `isthmus-operator uninstall` (the chart's pre-delete hook) against a real kube-apiserver: while the cleanup
 //! finalizer stays on the links it deletes them, times out and names them; once the finalizers are gone it
-//! succeeds and no NetworkLink is left, including one created in between.
+//! succeeds and no NetworkLink is left, including one created in between. While a pod declares the readiness gate
+//! it uninstalls nothing, naming the pod, unless told to release such pods.
 //!
-//! Runs only when `ISTHMUS_TEST_KUBECONFIG` names a control plane's kubeconfig (`make operator-it` starts one);
-//! without it the test says so and passes. It deletes every NetworkLink in the cluster.
+//! Ignored in a plain `cargo test`: `make operator-it` starts a control plane and names its kubeconfig in
+//! `ISTHMUS_TEST_KUBECONFIG`. Each test deletes every NetworkLink in the cluster, so they run one at a time.
 
 use std::process::Output;
 use std::time::Duration;
 
 use isthmus_operator::api::NetworkLink;
 use isthmus_operator::controller::finalizer::FINALIZER;
-use k8s_openapi::api::core::v1::Namespace;
+use isthmus_operator::gate::CONDITION_TYPE;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, CustomResourceExt};
 use serde_json::json;
 
 const NAMESPACE: &str = "isthmus-uninstall-it";
+const GATED_NAMESPACE: &str = "isthmus-uninstall-gated-it";
+
+/// Held by each test: every one deletes every NetworkLink in the cluster.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 async fn client() -> Option<(Client, String)> {
     let path = std::env::var("ISTHMUS_TEST_KUBECONFIG").ok()?;
@@ -52,11 +58,11 @@ async fn install_crd(client: &Client) {
     .await;
 }
 
-async fn fresh_namespace(client: &Client) {
+async fn fresh_namespace(client: &Client, name: &str) {
     let api: Api<Namespace> = Api::all(client.clone());
-    let _ = api.delete(NAMESPACE, &DeleteParams::default()).await;
-    eventually("old namespace gone", || async { api.get_opt(NAMESPACE).await.ok()?.is_none().then_some(()) }).await;
-    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NAMESPACE}})).unwrap();
+    let _ = api.delete(name, &DeleteParams::default()).await;
+    eventually("old namespace gone", || async { api.get_opt(name).await.ok()?.is_none().then_some(()) }).await;
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
     api.create(&PostParams::default(), &ns).await.unwrap();
 }
 
@@ -72,19 +78,21 @@ async fn create_link(links: &Api<NetworkLink>, name: &str, finalizers: &[&str]) 
 }
 
 /// Runs the real binary, as the Job does, with the test cluster's kubeconfig.
-async fn uninstall(kubeconfig: &str, timeout_seconds: u64) -> Output {
+async fn uninstall(kubeconfig: &str, timeout_seconds: u64, extra: &[&str]) -> Output {
     let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_isthmus-operator"));
-    command.args(["uninstall", "--timeout-seconds", &timeout_seconds.to_string()]).env("KUBECONFIG", kubeconfig);
+    command.args(["uninstall", "--timeout-seconds", &timeout_seconds.to_string()]).args(extra);
+    command.env("KUBECONFIG", kubeconfig);
     tokio::task::spawn_blocking(move || command.output().expect("isthmus-operator runs")).await.unwrap()
 }
 
 #[tokio::test]
 #[ignore = "needs a real API server: make operator-it starts one"]
 async fn uninstall_fails_naming_links_kept_by_finalizer_then_succeeds_once_they_are_gone() {
+    let _serial = SERIAL.lock().await;
     let (client, kubeconfig) =
         client().await.expect("ISTHMUS_TEST_KUBECONFIG: a real API server (make operator-it sets it)");
     install_crd(&client).await;
-    fresh_namespace(&client).await;
+    fresh_namespace(&client, NAMESPACE).await;
     let links: Api<NetworkLink> = Api::namespaced(client.clone(), NAMESPACE);
     let all: Api<NetworkLink> = Api::all(client.clone());
     for name in ["held-1", "held-2"] {
@@ -92,7 +100,7 @@ async fn uninstall_fails_naming_links_kept_by_finalizer_then_succeeds_once_they_
     }
 
     // No operator runs, so nothing removes the finalizers: the command must give up and name both links.
-    let out = uninstall(&kubeconfig, 3).await;
+    let out = uninstall(&kubeconfig, 3, &[]).await;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "uninstall succeeded while finalizers remained; stderr:\n{stderr}");
     eprintln!("uninstall with finalizers left, as expected:\n{stderr}");
@@ -112,7 +120,7 @@ async fn uninstall_fails_naming_links_kept_by_finalizer_then_succeeds_once_they_
         links.patch(name, &PatchParams::default(), &Patch::Merge(&drop_finalizers)).await.unwrap();
     }
     create_link(&links, "late", &[]).await;
-    let out = uninstall(&kubeconfig, 30).await;
+    let out = uninstall(&kubeconfig, 30, &[]).await;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "uninstall failed although no finalizer remained; stderr:\n{stderr}");
     let left = all.list(&ListParams::default()).await.unwrap();
@@ -123,4 +131,80 @@ async fn uninstall_fails_naming_links_kept_by_finalizer_then_succeeds_once_they_
     );
 
     let _ = Api::<Namespace>::all(client).delete(NAMESPACE, &DeleteParams::default()).await;
+}
+
+/// Deletes its namespace when dropped, on its own runtime and thread: also when the test fails (its own runtime
+/// may be unwinding).
+struct Removed(&'static str);
+
+impl Drop for Removed {
+    fn drop(&mut self) {
+        let ns = self.0;
+        let cleanup = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            runtime.block_on(async {
+                if let Some((client, _)) = client().await {
+                    let _ = Api::<Namespace>::all(client).delete(ns, &DeleteParams::default()).await;
+                }
+            });
+        });
+        let _ = cleanup.join();
+    }
+}
+
+/// A pod of `GATED_NAMESPACE`, with or without the readiness gate. No scheduler runs, so it stays Pending and
+/// unbound (and goes at once when deleted); created once the namespace's default ServiceAccount exists.
+async fn create_pod(pods: &Api<Pod>, name: &str, gated: bool) {
+    let gates = if gated { json!([{"conditionType": CONDITION_TYPE}]) } else { json!(null) };
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"readinessGates": gates, "containers": [{"name": "c", "image": "localhost/none:1"}]},
+    }))
+    .unwrap();
+    eventually(&format!("pod {name} created"), || async { pods.create(&PostParams::default(), &pod).await.ok() }).await;
+}
+
+/// The reason of the gate's condition on the pod, if it carries one.
+async fn gate_reason(pods: &Api<Pod>, name: &str) -> Option<(String, Option<String>)> {
+    let pod = pods.get(name).await.unwrap();
+    let conditions = pod.status?.conditions?;
+    let c = conditions.into_iter().find(|c| c.type_ == CONDITION_TYPE)?;
+    Some((c.status, c.reason))
+}
+
+#[tokio::test]
+#[ignore = "needs a real API server: make operator-it starts one"]
+async fn uninstall_refuses_while_a_pod_declares_the_gate_and_releases_it_when_told() {
+    let _serial = SERIAL.lock().await;
+    let (client, kubeconfig) =
+        client().await.expect("ISTHMUS_TEST_KUBECONFIG: a real API server (make operator-it sets it)");
+    install_crd(&client).await;
+    fresh_namespace(&client, GATED_NAMESPACE).await;
+    let _removed = Removed(GATED_NAMESPACE);
+    let links: Api<NetworkLink> = Api::namespaced(client.clone(), GATED_NAMESPACE);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), GATED_NAMESPACE);
+    create_link(&links, "kept", &[]).await;
+    create_pod(&pods, "gated", true).await;
+    create_pod(&pods, "plain", false).await;
+
+    // Without isthmus nothing would set the gated pod's condition (nor that of any later pod from its template):
+    // the hook refuses before it deletes anything, naming the pod.
+    let out = uninstall(&kubeconfig, 30, &[]).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "uninstall went ahead while a pod declares the gate; stderr:\n{stderr}");
+    eprintln!("uninstall with a gated pod, refused as expected:\n{stderr}");
+    assert!(stderr.contains("nothing was uninstalled: 1 pod(s) declare the readiness gate"), "{stderr}");
+    assert!(stderr.contains(&format!("{GATED_NAMESPACE}/gated")), "the gated pod is not named:\n{stderr}");
+    assert!(!stderr.contains(&format!("{GATED_NAMESPACE}/plain")), "a pod without the gate is named:\n{stderr}");
+    assert!(stderr.contains("--gated-pods release"), "the way out is not named:\n{stderr}");
+    let kept = links.get("kept").await.unwrap();
+    assert!(kept.metadata.deletion_timestamp.is_none(), "a refused uninstall deleted a link");
+
+    // Told to release such pods, it uninstalls and then marks the gated pod's condition True.
+    let out = uninstall(&kubeconfig, 30, &["--gated-pods", "release"]).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "uninstall --gated-pods release failed; stderr:\n{stderr}");
+    assert!(links.get_opt("kept").await.unwrap().is_none(), "the link outlived the uninstall");
+    assert_eq!(gate_reason(&pods, "gated").await, Some(("True".to_owned(), Some("Uninstalled".to_owned()))));
+    assert_eq!(gate_reason(&pods, "plain").await, None, "a pod without the gate was written to");
 }

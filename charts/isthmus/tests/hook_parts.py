@@ -35,9 +35,17 @@ else:
         problems.append("container securityContext.readOnlyRootFilesystem is not true")
     (role,) = [d for d in docs if d["kind"] == "ClusterRole"]
     rules = {tuple(r["resources"]): sorted(r["verbs"]) for r in role["rules"]}
-    want = {("networklinks",): ["delete", "list", "watch"], ("networktopologies",): ["delete", "list"]}
+    want = {("networklinks",): ["delete", "list", "watch"], ("networktopologies",): ["delete", "list"],
+            ("pods",): ["list"]}
+    args = container["args"]
+    policy = args[args.index("--gated-pods") + 1] if "--gated-pods" in args else None
+    if policy not in ("refuse", "release"):
+        problems.append(f"args {args} name no --gated-pods refuse|release")
+    # Only a hook that releases gated pods writes to them.
+    if policy == "release":
+        want[("pods/status",)] = ["patch"]
     if rules != want:
-        problems.append(f"ClusterRole rules {rules}, want exactly networklinks list/watch/delete and networktopologies list/delete")
+        problems.append(f"ClusterRole rules {rules}, want exactly {want}")
     if problems:
         sys.exit("uninstall hook: " + "; ".join(problems))
     print("\n".join(container["args"]))

@@ -115,8 +115,10 @@ grep -q "leaked-ca: tls.crt is a CA certificate stored with a private key" "$wor
 step "no rendered Secret holds a CA key (and a Secret that does is refused)"
 
 # ---- 3. the schema refuses bad values
+refused=0
 refuse() { # expected-text helm-args...
   local want=$1; shift
+  refused=$((refused + 1))
   if "$HELM" template x "$CHART" --kube-version "$KUBE_VERSION" "$@" >"$work/refused.yaml" 2>"$work/refused.err"; then
     fail "values.schema.json accepted: $*"
   fi
@@ -148,7 +150,8 @@ refuse "pairsPerLink" --set operator.limits.pairsPerLink=0
 refuse "window" --set verification.window=30
 refuse "probesPerSecond" --set verification.probesPerSecond=0
 refuse "serviceMonitor" --set metrics.serviceMonitor.enable=true
-step "values.schema.json and the templates refuse 22 bad values, naming the field"
+refuse "gatedPods" --set uninstall.gatedPods=Keep
+step "values.schema.json and the templates refuse $refused bad values, naming the field"
 
 [ "${CHART_LINT_SKIP_CLUSTER:-}" = 1 ] && { step "cluster checks skipped (CHART_LINT_SKIP_CLUSTER=1)"; exit 0; }
 
@@ -200,6 +203,47 @@ python3 "$CHART/tests/hook_parts.py" "$KUBECONFIG" impersonate "$work/hook-kubec
 hook() { KUBECONFIG="$work/hook-kubeconfig" "$op_bin" "${hook_args[@]}"; }
 kc apply -f "$work/hook-rbac.yaml" >/dev/null
 kc create namespace chart-lint-links >/dev/null
+# A pod that declares the readiness gate (no scheduler runs: it stays unbound, and goes at once when deleted).
+gated_pod() { # name
+  for _ in $(seq 1 50); do # until the namespace's default ServiceAccount exists
+    kc -n chart-lint-links apply -f - >/dev/null 2>&1 <<POD && return 0
+apiVersion: v1
+kind: Pod
+metadata: {name: $1}
+spec: {readinessGates: [{conditionType: isthmus.dev/links-applied}], containers: [{name: c, image: localhost/none:1}]}
+POD
+    sleep 0.2
+  done
+  fail "creating pod $1"
+}
+gated_pod gated
+# By default the hook, with its own RBAC, refuses while a pod declares the gate, naming it, and deletes nothing.
+kc apply -f - >/dev/null <<LINK
+apiVersion: isthmus.dev/v1alpha1
+kind: NetworkLink
+metadata: {name: link-1, namespace: chart-lint-links}
+spec: {from: {podSelector: {}}, to: {podSelector: {}}, impairment: {bandwidth: 1Mbit}}
+LINK
+if hook >"$work/hook-run.log" 2>&1; then fail "the hook went ahead while a pod declares the readiness gate"; fi
+grep -q "1 pod(s) declare the readiness gate isthmus.dev/links-applied: chart-lint-links/gated" "$work/hook-run.log" ||
+  { cat "$work/hook-run.log"; fail "the hook's refusal does not name chart-lint-links/gated"; }
+[ -z "$(kc -n chart-lint-links get networklink link-1 -o jsonpath='{.metadata.deletionTimestamp}')" ] ||
+  fail "the refused hook deleted a link"
+# With uninstall.gatedPods=Release, its own RBAC lets it uninstall and then release the pod.
+"$HELM" template isthmus "$CHART" --namespace isthmus-system --show-only templates/uninstall-hook.yaml \
+  --set uninstall.timeoutSeconds=60 --set operator.cleanupTimeoutSeconds=5 --set uninstall.gatedPods=Release \
+  >"$work/hook-release.yaml"
+python3 "$CHART/tests/hook_parts.py" "$work/hook-release.yaml" rbac "$work/hook-release-rbac.yaml"
+mapfile -t release_args < <(python3 "$CHART/tests/hook_parts.py" "$work/hook-release.yaml" args 2>/dev/null)
+kc apply -f "$work/hook-release-rbac.yaml" >/dev/null
+KUBECONFIG="$work/hook-kubeconfig" "$op_bin" "${release_args[@]}" >"$work/hook-run.log" 2>&1 ||
+  { cat "$work/hook-run.log"; fail "the hook with uninstall.gatedPods=Release failed"; }
+gate='{.status.conditions[?(@.type=="isthmus.dev/links-applied")].reason}'
+[ "$(kc -n chart-lint-links get pod gated -o jsonpath="$gate")" = Uninstalled ] ||
+  { cat "$work/hook-run.log"; fail "the hook with uninstall.gatedPods=Release did not release the gated pod"; }
+kc -n chart-lint-links delete pod gated --wait=false >/dev/null
+kc apply -f "$work/hook-rbac.yaml" >/dev/null # the default hook's rules again, without pods/status
+step "uninstall hook: refuses while a pod declares the readiness gate, naming it; with uninstall.gatedPods=Release uninstalls and releases it"
 for n in 1 2; do
   kc apply -f - >/dev/null <<LINK
 apiVersion: isthmus.dev/v1alpha1
