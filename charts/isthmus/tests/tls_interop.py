@@ -3,7 +3,8 @@
 runs with exactly the chart's RBAC against the control-plane-only cluster of lint.sh).
 
 1. The operator created the CA Secret (a CA key that no Helm release record holds), published the bundle
-   ConfigMap (its ca.crt = the Secret's certificates) and issued the metrics scraper's Secret.
+   ConfigMap (its ca.crt = the Secret's certificates) and issued the metrics scraper's Secret; the chart's
+   ValidatingAdmissionPolicy (tls.guard) refuses the cluster admin's changes to the first two.
 2. CertificateSigningRequests for isthmus.dev/agent-serving, created impersonating their requester (kubeconfig
    `as` and `as-user-extra`, as a pod-bound token would carry them):
    - from the cluster admin: Denied, NotAgentServiceAccount;
@@ -128,6 +129,13 @@ def check(kubectl, ns, kubeconfig, work, env, agent_bin):
     for f, data in (("ca.crt", ca_crt), ("ca.key", ca_key), ("bundle.crt", bundle)):
         open(t.path(f), "wb").write(data)
     say("the operator created the CA Secret, published the bundle and issued the scraper's Secret")
+    # The chart's guard (tls.guard, installed with the release lint.sh made): the operator, through its
+    # ServiceAccount, made both objects; nobody else, the cluster admin included, may change them.
+    for kind, name in (("configmap", env["ISTHMUS_CA_BUNDLE"]), ("secret", env["ISTHMUS_CA_SECRET"])):
+        r = t.kc("-n", ns, "annotate", kind, name, "chart-lint/tampered=1")
+        if r.returncode == 0 or "only the isthmus operator" not in r.stderr:
+            fail(f"the cluster admin changed {kind} {name} past the chart's guard: {r.stdout}{r.stderr}")
+    say("the chart's ValidatingAdmissionPolicy refuses the cluster admin's changes to the CA Secret and the bundle")
 
     # 2. Reviews.
     dns = lambda node: f"{node}.node.isthmus"
