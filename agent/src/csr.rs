@@ -2,7 +2,10 @@
 //!
 //! The agent makes a key in memory, asks for a certificate for its node's DNS name
 //! ([`node_server_name`]) with signer [`AGENT_SIGNER_NAME`], and polls the request until the operator has
-//! signed it (or denied it: the denial's reason and message are reported). It authenticates with its pod-bound
+//! signed it (or denied it: the denial's reason and message are reported). It keeps one request pending at a
+//! time: while the signer is down it reads the same request ever less often ([`poll_interval`]) rather than
+//! making new ones, and makes another only once that one is denied or gone (Kubernetes deletes a request left
+//! pending for a day). It authenticates with its pod-bound
 //! ServiceAccount token, from which the API server records the node and pod it runs on in the request; the
 //! operator signs only when those match the name asked for. Renewal: a new key and request after two thirds of
 //! the certificate's life.
@@ -21,8 +24,15 @@ use kube::{Api, Client, ResourceExt};
 
 use crate::auth::IssuedCertificate;
 
-/// How long one request may stay unsigned before it is given up and a new one made.
+/// How long a request may wait before the wait is logged as a warning (the request is kept).
 const SIGNING_WAIT: Duration = Duration::from_secs(120);
+/// The longest pause between two reads of a pending request.
+const MAX_POLL: Duration = Duration::from_secs(30);
+
+/// The pause after the `reads`-th read of a pending request: a second at first, doubling up to [`MAX_POLL`].
+pub fn poll_interval(reads: u32) -> Duration {
+    Duration::from_secs(1u64 << reads.min(6)).min(MAX_POLL)
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum CsrError {
@@ -34,8 +44,8 @@ pub enum CsrError {
     Api { what: &'static str, source: kube::Error },
     #[error("CertificateSigningRequest {name} was {condition}: {reason}: {message}")]
     Refused { name: String, condition: String, reason: String, message: String },
-    #[error("CertificateSigningRequest {name} was not signed within {after:?} (is the operator running?)")]
-    NotSigned { name: String, after: Duration },
+    #[error("CertificateSigningRequest {name} was deleted before it was signed")]
+    Gone { name: String },
     #[error("CertificateSigningRequest {name}: the issued certificate is unreadable: {reason}")]
     Unreadable { name: String, reason: String },
 }
@@ -76,12 +86,21 @@ pub async fn request(client: &Client, node: &str) -> Result<Issued, CsrError> {
         .map_err(|source| CsrError::Api { what: "creating a CertificateSigningRequest", source })?;
     let name = created.name_any();
     tracing::info!(csr = %name, node, "requested a serving certificate");
-    let deadline = tokio::time::Instant::now() + SIGNING_WAIT;
+    let started = tokio::time::Instant::now();
+    let mut warned = false;
+    let mut reads: u32 = 0;
     loop {
-        let current = api
-            .get(&name)
-            .await
-            .map_err(|source| CsrError::Api { what: "reading the CertificateSigningRequest", source })?;
+        let current = match api.get_opt(&name).await {
+            Ok(Some(current)) => current,
+            Ok(None) => return Err(CsrError::Gone { name }),
+            // The API server is unreachable for a while: the request stands, read it again later.
+            Err(e) => {
+                tracing::warn!(csr = %name, error = %e, "reading the CertificateSigningRequest");
+                tokio::time::sleep(poll_interval(reads)).await;
+                reads = reads.saturating_add(1);
+                continue;
+            }
+        };
         let status = current.status.unwrap_or_default();
         if let Some(refusal) = status
             .conditions
@@ -103,10 +122,12 @@ pub async fn request(client: &Client, node: &str) -> Result<Issued, CsrError> {
                 remaining(&cert_pem).map_err(|reason| CsrError::Unreadable { name: name.clone(), reason })?;
             return Ok(Issued { cert_pem, key_pem: key.serialize_pem(), remaining });
         }
-        if tokio::time::Instant::now() >= deadline {
-            return Err(CsrError::NotSigned { name, after: SIGNING_WAIT });
+        if !warned && started.elapsed() >= SIGNING_WAIT {
+            warned = true;
+            tracing::warn!(csr = %name, waited = ?SIGNING_WAIT, "not signed yet (is the operator running?); waiting on the same request");
         }
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        tokio::time::sleep(poll_interval(reads)).await;
+        reads = reads.saturating_add(1);
     }
 }
 
@@ -125,7 +146,8 @@ fn label_value(node: &str) -> String {
     cut.trim_end_matches(['-', '.']).to_owned()
 }
 
-/// Keeps `into` holding a valid certificate: one request now (retried with backoff until signed), then a new
+/// Keeps `into` holding a valid certificate: one request now, waited on until it is signed (a denied or deleted
+/// one, or one that could not be made, is followed by a new one after a back-off of up to a minute), then a new
 /// one after two thirds of each certificate's life.
 pub fn spawn(client: Client, node: String, into: Arc<IssuedCertificate>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
@@ -152,6 +174,20 @@ pub fn spawn(client: Client, node: String, into: Arc<IssuedCertificate>) -> toki
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pending_request_is_read_ever_less_often() {
+        let pauses: Vec<u64> = (0..8).map(|r| poll_interval(r).as_secs()).collect();
+        assert_eq!(pauses, [1, 2, 4, 8, 16, 30, 30, 30]);
+        assert_eq!(poll_interval(u32::MAX), MAX_POLL);
+        // The first two minutes: 7 reads, where one read a second made 120.
+        let mut waited = 0;
+        let reads = (0..).take_while(|r| {
+            waited += poll_interval(*r).as_secs();
+            waited <= 120
+        });
+        assert_eq!(reads.count(), 7);
+    }
 
     #[test]
     fn label_values_fit_and_end_cleanly() {

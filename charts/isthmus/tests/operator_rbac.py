@@ -47,6 +47,9 @@ def main():
         "KUBE_RS_DEBUG_IMPERSONATE_USER": f"system:serviceaccount:{ns}:{pod['serviceAccountName']}",
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
     })
+    # The DaemonSet the agent pods belong to: <fullname>-agent, as the Lease is <fullname>-operator.
+    rendered_env["ISTHMUS_AGENT_DAEMONSET"] = env["ISTHMUS_LEASE_NAME"].removesuffix("-operator") + "-agent"
+    verify_backlog = tls_interop.backlog(args.kubectl, ns, args.kubeconfig, args.work, rendered_env)
     log_path = os.path.join(args.work, "operator.log")
     log = open(log_path, "wb")
     op = subprocess.Popen([args.operator], env=env, stdout=log, stderr=log)
@@ -93,9 +96,8 @@ def main():
         kc("-n", "chart-lint-rbac", "delete", "networklink", "rbac-check", "--wait=false", check=True)
         wait("released the deleted link (finalizer removed)",
              lambda: "NotFound" in kc("-n", "chart-lint-rbac", "get", "networklink", "rbac-check").stderr)
-        # The DaemonSet the agent pods belong to: <fullname>-agent, as the Lease is <fullname>-operator.
-        rendered_env["ISTHMUS_AGENT_DAEMONSET"] = env["ISTHMUS_LEASE_NAME"].removesuffix("-operator") + "-agent"
         tls_interop.check(args.kubectl, ns, args.kubeconfig, args.work, rendered_env, args.agent)
+        verify_backlog()
     finally:
         op.send_signal(signal.SIGTERM)
         try:

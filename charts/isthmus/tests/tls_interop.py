@@ -13,6 +13,8 @@ runs with exactly the chart's RBAC against the control-plane-only cluster of lin
    - from an agent pod on node N naming another node: Denied, WrongNames;
    - from an agent pod on node N naming N: Approved and signed; the certificate chains to the bundle and names
      exactly N's DNS name.
+   - two from one agent pod, made before the operator started (a signer back from an outage): the older Denied,
+     Superseded, the newer signed ([`backlog`]).
    (No kubelet runs here: the agent pods are API objects of the installed DaemonSet, bound to a node name.)
 3. The real agent (`--tls-source csr`), impersonating an agent pod on node M with the chart's RBAC: obtains its
    certificate through the operator, reads the CAs it trusts from the bundle ConfigMap through the API, and serves. The operator's identity (a client certificate from the CA, as the operator issues it in
@@ -101,6 +103,25 @@ class Interop:
                 return "Issued", None, base64.b64decode(status["certificate"])
             time.sleep(0.5)
         return "Pending", None, None
+
+
+def backlog(kubectl, ns, kubeconfig, work, env):
+    """Before the operator starts: two requests of one agent pod, as a signer back from an outage finds them (an
+    agent process that restarted, or an agent of an earlier version, made the first). Returns the check to run
+    once the operator signs: the older is Denied, Superseded; the newer is signed."""
+    t = Interop(kubectl, ns, kubeconfig, work, env)
+    t.n = 100  # apart from check()'s names
+    agent = t.impersonating(t.agent_sa, t.agent_pod("chart-lint-agent-s", "chart-lint-s"))
+    older, _ = t.request(agent, "chart-lint-s.node.isthmus")
+    time.sleep(1.1)  # creation times are to the second
+    newer, _ = t.request(agent, "chart-lint-s.node.isthmus")
+
+    def verify():
+        got = {name: t.outcome(name)[:2] for name in (older, newer)}
+        print(f"tls-interop: two requests of one agent pod waiting for the signer: the older {got[older]}, the newer {got[newer]}")
+        if got != {older: ("Denied", "Superseded"), newer: ("Issued", None)}:
+            sys.exit(f"tls-interop: a pod's older waiting request must be Denied Superseded and only its newest signed: {got}")
+    return verify
 
 
 def check(kubectl, ns, kubeconfig, work, env, agent_bin):

@@ -4,6 +4,7 @@
 //! - [`review`]: whether an agent's CertificateSigningRequest is approved; pure.
 //! - [`store`]: the CA Secret, the bundle ConfigMap, the operator's in-memory client certificate and the metrics
 //!   scraper's Secret.
+//! - [`waiting`]: the requests waiting for the signer, by pod: only a pod's newest is signed; pure.
 //! - [`signer`]: the controller that approves and signs agents' requests (signer `isthmus.dev/agent-serving`).
 //!
 //! Why the operator and not Helm: a CA made at render time (`genCA`) is written into every Helm release revision,
@@ -16,3 +17,4 @@ pub mod ca;
 pub mod review;
 pub mod signer;
 pub mod store;
+pub mod waiting;

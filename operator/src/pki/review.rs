@@ -41,6 +41,8 @@ pub enum DenyReason {
     UnreadableRequest,
     /// The request names anything but exactly the node's DNS name.
     WrongNames,
+    /// A newer request of the same pod waits too: only a pod's newest is signed (super::waiting).
+    Superseded,
 }
 
 impl DenyReason {
@@ -53,6 +55,7 @@ impl DenyReason {
             DenyReason::WrongUsages => "WrongUsages",
             DenyReason::UnreadableRequest => "UnreadableRequest",
             DenyReason::WrongNames => "WrongNames",
+            DenyReason::Superseded => "Superseded",
         }
     }
 }

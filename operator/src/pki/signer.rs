@@ -15,8 +15,9 @@ use kube::api::PostParams;
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 
-use super::review::{EXTRA_POD_NAME, PodFacts, Request, Verdict, review, single};
+use super::review::{DenyReason, EXTRA_POD_NAME, PodFacts, Request, Verdict, review, single};
 use super::store::Pki;
+use super::waiting::{WaitingRequests, is_waiting};
 
 /// Who may request agent certificates, and for how long they are signed.
 #[derive(Debug, Clone)]
@@ -70,6 +71,10 @@ pub async fn run(
     let mut leader_changes = leader.clone();
     loop {
         let mut events = watcher(csrs.clone(), watch_config.clone()).boxed();
+        // The requests waiting, by pod, and those of a (re)list in progress: a list is decided only once it is
+        // complete, so that a pod's older requests are known to be superseded before any is signed.
+        let mut waiting = WaitingRequests::default();
+        let mut listing: Vec<CertificateSigningRequest> = Vec::new();
         loop {
             let event = tokio::select! {
                 e = events.next() => e,
@@ -80,9 +85,29 @@ pub async fn run(
                     if *leader_changes.borrow() { break } else { continue }
                 }
             };
-            let csr = match event {
-                Some(Ok(watcher::Event::Apply(csr) | watcher::Event::InitApply(csr))) => csr,
-                Some(Ok(_)) => continue,
+            let batch = match event {
+                Some(Ok(watcher::Event::Init)) => {
+                    listing.clear();
+                    continue;
+                }
+                Some(Ok(watcher::Event::InitApply(csr))) => {
+                    listing.push(csr);
+                    continue;
+                }
+                Some(Ok(watcher::Event::InitDone)) => {
+                    waiting.replace_all(&listing);
+                    let mut listed = std::mem::take(&mut listing);
+                    listed.sort_by(|a, b| a.metadata.creation_timestamp.cmp(&b.metadata.creation_timestamp));
+                    listed
+                }
+                Some(Ok(watcher::Event::Apply(csr))) => {
+                    waiting.update(&csr);
+                    vec![csr]
+                }
+                Some(Ok(watcher::Event::Delete(csr))) => {
+                    waiting.remove(&csr.name_any());
+                    continue;
+                }
                 Some(Err(e)) => {
                     tracing::warn!(error = %e, "watching CertificateSigningRequests");
                     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -93,8 +118,10 @@ pub async fn run(
             if !*leader.borrow() {
                 continue;
             }
-            if let Err(e) = handle(&csrs, &pods, &pki, &config, csr).await {
-                tracing::warn!(error = %e, "agent certificate request");
+            for csr in batch {
+                if let Err(e) = handle(&csrs, &pods, &pki, &config, &waiting, csr).await {
+                    tracing::warn!(error = %e, "agent certificate request");
+                }
             }
         }
     }
@@ -112,41 +139,23 @@ async fn handle(
     pods: &Api<Pod>,
     pki: &Pki,
     config: &SignerConfig,
+    waiting: &WaitingRequests,
     mut csr: CertificateSigningRequest,
 ) -> Result<(), SignerError> {
     let name = csr.name_any();
-    let done = csr.status.as_ref().is_some_and(|s| s.certificate.is_some());
-    if done
-        || has_condition(&csr, "Denied")
-        || has_condition(&csr, "Failed")
-        || csr.spec.signer_name != AGENT_SIGNER_NAME
-    {
+    if !is_waiting(&csr) || csr.spec.signer_name != AGENT_SIGNER_NAME {
         return Ok(());
     }
-    let extra = csr.spec.extra.clone().unwrap_or_default();
-    let pod = match single(&extra, EXTRA_POD_NAME) {
-        Some(pod_name) => pods
-            .get_opt(pod_name)
-            .await
-            .map_err(|source| SignerError::Api { name: name.clone(), what: "reading the requester's pod", source })?
-            .map(|p| PodFacts {
-                uid: p.uid().unwrap_or_default(),
-                node: p.spec.as_ref().and_then(|s| s.node_name.clone()),
-                is_agent: config.is_agent(&p),
-            }),
-        None => None,
-    };
-    let usages = csr.spec.usages.clone().unwrap_or_default();
-    let verdict = review(
-        &Request {
-            username: csr.spec.username.as_deref().unwrap_or(""),
-            extra: &extra,
-            usages: &usages,
-            pem: &csr.spec.request.0,
-            pod: pod.as_ref(),
+    let verdict = match waiting.superseded_by(&name) {
+        Some(newer) => Verdict::Deny {
+            reason: DenyReason::Superseded,
+            message: format!(
+                "the same agent pod asked again in {newer}: only a pod's newest request is signed (an earlier one \
+                 was made by a process that is gone, or while the signer was down)"
+            ),
         },
-        &config.username(),
-    );
+        None => review_request(pods, config, &csr, &name).await?,
+    };
     match verdict {
         // Approved by someone else (an administrator's `kubectl certificate approve`) but not what the signer
         // issues: a signer may not deny an approved request, it marks it Failed and signs nothing.
@@ -195,6 +204,40 @@ async fn handle(
         }
     }
     Ok(())
+}
+
+/// Looks up the requester's pod and reviews the request.
+async fn review_request(
+    pods: &Api<Pod>,
+    config: &SignerConfig,
+    csr: &CertificateSigningRequest,
+    name: &str,
+) -> Result<Verdict, SignerError> {
+    let extra = csr.spec.extra.clone().unwrap_or_default();
+    let pod = match single(&extra, EXTRA_POD_NAME) {
+        Some(pod_name) => pods
+            .get_opt(pod_name)
+            .await
+            .map_err(|source| SignerError::Api { name: name.to_owned(), what: "reading the requester's pod", source })?
+            .map(|p| PodFacts {
+                uid: p.uid().unwrap_or_default(),
+                node: p.spec.as_ref().and_then(|s| s.node_name.to_owned()),
+                is_agent: config.is_agent(&p),
+            }),
+        None => None,
+    };
+    let usages = csr.spec.usages.clone().unwrap_or_default();
+    let verdict = review(
+        &Request {
+            username: csr.spec.username.as_deref().unwrap_or(""),
+            extra: &extra,
+            usages: &usages,
+            pem: &csr.spec.request.0,
+            pod: pod.as_ref(),
+        },
+        &config.username(),
+    );
+    Ok(verdict)
 }
 
 fn set_condition(csr: &mut CertificateSigningRequest, kind: &str, reason: &str, message: &str) {
