@@ -28,7 +28,25 @@ pub struct Baseline {
 
 impl Baseline {
     pub fn measure(ns: &TestNamespace, from: &str, to_ip: &str) -> Baseline {
-        Self::of(&ns.rtt_run(from, to_ip, RttRun::new(300).interval_ms(5)))
+        Self::of(&Self::quiet_run(ns, from, to_ip))
+    }
+
+    /// The first of up to three runs of 300 probes that lost none, else the least lossy. The path between two pods
+    /// loses nothing of its own, so a baseline that lost probes was taken while the machine stalled a pod (stop
+    /// 40's CI, vm provider: 15 % lost, round trips p50 647 ms against 6 ms in the windows around it), and its loss
+    /// added to a link's would expect from the link what the stall did.
+    pub fn quiet_run(ns: &TestNamespace, from: &str, to_ip: &str) -> RttReport {
+        const ATTEMPTS: usize = 3;
+        let mut runs = Vec::with_capacity(ATTEMPTS);
+        for _ in 0..ATTEMPTS {
+            let r = ns.rtt_run(from, to_ip, RttRun::new(300).interval_ms(5));
+            if r.count("lost") == 0 {
+                return r;
+            }
+            println!("baseline discarded (the machine stalled a pod): {}", r.describe());
+            runs.push(r);
+        }
+        runs.into_iter().min_by_key(|r| r.count("lost")).expect("a run")
     }
 
     pub fn of(r: &RttReport) -> Baseline {

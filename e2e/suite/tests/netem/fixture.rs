@@ -86,6 +86,29 @@ impl Fixture {
         ));
     }
 
+    /// The first of up to three counted runs from `client` to `server` in which no full receive buffer dropped a
+    /// datagram. A run with such drops is one in which the machine stalled a pod for hundreds of milliseconds, and
+    /// a stall drops datagrams in queues no counter here reads as well (a CI run of the vm provider, 2026-11-29:
+    /// 384 receive-buffer drops, round trips p90 542 ms against the baseline's 27 ms, and 7.5 % loss on a 5 % link
+    /// over the remaining probes; stop 40's CI: 127 drops and 31 probes lost elsewhere on a link that loses none).
+    /// What a clean run loses is the link's doing, to sampling error.
+    pub fn clean_run(&self, what: &str, run: RttRun) -> RttReport {
+        const ATTEMPTS: usize = 3;
+        for attempt in 1..=ATTEMPTS {
+            let r = self.rtt_counted(&self.server, run);
+            println!("{what}: {}", r.describe());
+            if r.buffer_drops() == 0 {
+                return r;
+            }
+            assert!(
+                attempt < ATTEMPTS,
+                "each of {ATTEMPTS} runs had datagrams dropped by a full receive buffer (the machine stalled the \
+                 pods): no run tells the link's loss"
+            );
+        }
+        unreachable!("the last attempt returns or fails")
+    }
+
     /// Round trips from `client` to `to`, counting the datagrams a full receive buffer dropped at either end
     /// ([`TestNamespace::rtt_run_counted`]): for the figures that count losses.
     pub fn rtt_counted(&self, to: &Pod, run: RttRun) -> RttReport {

@@ -23,8 +23,7 @@ pub fn latency_and_jitter(f: &Fixture) {
     let link = f.link("lat", &spec("{latency: 40ms}"));
     assert_shaped(&f.client, &[("netem", "delay 40ms")]);
     assert_shaped(&f.server, &[("netem", "delay 40ms")]);
-    let r = f.rtt_counted(&f.server, RttRun::new(400));
-    println!("40ms each way: {}", r.describe());
+    let r = f.clean_run("40ms each way", RttRun::new(400));
     at_least("RTT p10, ms", r.ms("p10"), delay_floor(2.0 * LATENCY_MS), "80 ms: netem releases nothing early");
     report(
         "RTT p10, ms",

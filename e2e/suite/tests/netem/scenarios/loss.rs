@@ -11,39 +11,11 @@ use crate::fixture::Fixture;
 /// datagrams of its own): at 5 % the binomial standard deviation is 0.49 %, so the band is ±2.2 %.
 const PROBES: u32 = 2000;
 
-const CLEAN_RUN_ATTEMPTS: usize = 3;
-
-/// The first of up to three runs of [`PROBES`] probes in which no full receive buffer dropped a datagram. A run
-/// with such drops is one in which the machine stalled a pod for hundreds of milliseconds, and a stall drops
-/// datagrams in queues no counter here reads as well (a CI run of the vm provider, 2026-11-29: 384 receive-buffer
-/// drops, round trips p90 542 ms against the baseline's 27 ms, and 7.5 % loss on a 5 % link over the remaining
-/// probes). The loss of a clean run is the link's, to sampling error.
-fn clean_run(f: &Fixture, what: &str) -> RttReport {
-    let mut runs = Vec::new();
-    while runs.len() < CLEAN_RUN_ATTEMPTS {
-        let r = f.rtt_counted(&f.server, RttRun::new(PROBES).interval_ms(5));
-        println!("{what}: {}", r.describe());
-        let clean = r.buffer_drops() == 0;
-        runs.push(r);
-        if clean {
-            break;
-        }
-    }
-    let r = runs.pop().expect("a run");
-    assert_eq!(
-        r.buffer_drops(),
-        0,
-        "each of {CLEAN_RUN_ATTEMPTS} runs had datagrams dropped by a full receive buffer (the machine stalled the \
-         pods): no run tells the link's loss"
-    );
-    r
-}
-
 /// 5 % random loss, measured over 2,000 probes.
 pub fn random_loss(f: &Fixture) {
     let base = Baseline::measure(&f.ns, &f.client.name, &f.server.ip);
     let link = f.one_way("loss", "client", "server", "{loss: {percent: 5%}}");
-    let r = clean_run(f, "5% loss");
+    let r = f.clean_run("5% loss", RttRun::new(PROBES).interval_ms(5));
     within(
         "loss ratio",
         r.loss_ratio(),
@@ -64,7 +36,7 @@ pub fn gilbert_elliott_loss(f: &Fixture) {
         "{loss: {gilbertElliott: {p: 5%, r: 40%, lossInBad: 100%, lossInGood: 0%}}}",
     );
     // A full receive buffer also drops a burst of its own, which no counter tells apart from the link's.
-    let r = clean_run(f, "Gilbert-Elliott");
+    let r = f.clean_run("Gilbert-Elliott", RttRun::new(PROBES).interval_ms(5));
     let (p, q) = (0.05f64, 0.40f64);
     let mean_loss = p / (p + q) + base.loss;
     // Consecutive states are correlated (λ = 1 − p − r): the variance of the mean grows by (1 + λ) / (1 − λ).

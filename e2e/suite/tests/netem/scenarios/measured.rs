@@ -50,7 +50,7 @@ fn wait_conformant(f: &Fixture, link: &str, status: &str, reason: &str, limit: D
 /// agent's back, as a tool fighting isthmus would, until the status says the link is `Faster`; left alone, the
 /// agent's resync puts the tree back and the link conforms again.
 pub fn measured_follows_the_link(f: &Fixture) {
-    let before = f.ns.rtt_run(&f.client.name, &f.server.ip, RttRun::new(300).interval_ms(5));
+    let before = Baseline::quiet_run(&f.ns, &f.client.name, &f.server.ip);
     let base = Baseline::of(&before);
     let since = Instant::now();
     let link = f.link(
@@ -87,8 +87,7 @@ pub fn measured_follows_the_link(f: &Fixture) {
     let status_loss = m.loss.expect("a measured loss");
     within("status's loss ratio", status_loss, proportion_band(p, m.samples as f64, 1.0), "9.75 %, ±4.5 σ binomial");
 
-    let r = f.rtt_counted(&f.server, RttRun::new(PROBES).interval_ms(5));
-    println!("isthmus-probe under the link: {}", r.describe());
+    let r = f.clean_run("isthmus-probe under the link", RttRun::new(PROBES).interval_ms(5));
     let probe_added = r.ms("p50") - before.ms("p50");
     let answered = (r.count("sent") - r.count("lost")) as f64;
     let band = SIGMAS * (se(m.samples as f64).powi(2) + se(answered).powi(2)).sqrt()

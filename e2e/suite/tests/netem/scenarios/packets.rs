@@ -19,8 +19,7 @@ pub fn duplication(f: &Fixture) {
         "  to: {podSelector: {matchLabels: {app: server}}, services: Ignore}",
     );
     let link = f.link("dup", &spec);
-    let r = f.rtt_counted(&f.server, RttRun::new(PROBES).interval_ms(5));
-    println!("10% duplicate: {}", r.describe());
+    let r = f.clean_run("10% duplicate", RttRun::new(PROBES).interval_ms(5));
     let received = r.count("received") as f64;
     within(
         "duplicates per received probe",
@@ -28,8 +27,7 @@ pub fn duplication(f: &Fixture) {
         proportion_band(0.10, received, 1.0),
         "10 %, ±4.5 σ binomial",
     );
-    // A datagram a full buffer dropped may have been a copy rather than a probe, so what is left out is at most
-    // what the machine lost: the probes the path lost are at least this, which must be none.
+    // A clean run: no full buffer dropped anything, so every lost probe was lost on the path, which loses none.
     assert_eq!(r.path_lost(), 0, "duplication lost probes: {}", r.describe());
     drop(link);
 }
