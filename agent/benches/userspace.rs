@@ -84,7 +84,7 @@ async fn one_run(i: usize) -> Run {
     let agent_ns = Netns::scratch().await.unwrap();
     let pod_ns = Netns::open(format!("/run/netns/{}", pair.a).as_ref()).unwrap();
     let capture = Capture::attach(&agent_ns, &pod_ns, "va", "u-bench").await.unwrap();
-    let shell = Shell::start().unwrap();
+    let shell = Shell::start(isthmus_agent::userspace::budget::DEFAULT_BYTES).unwrap();
     let attach = async |destinations: &[(IpNet, Arc<Impairment>)]| {
         let bound = QueueBudget::default().bound(destinations.len());
         let pipeline = PodPipeline::new(destinations.iter().map(|(n, i)| (n, i.as_ref())), bound, 1, shell.now());

@@ -168,6 +168,15 @@ struct ServeArgs {
     /// 4,095 frames, one per destination an interface may have).
     #[arg(long, env = "ISTHMUS_QUEUE_BYTES_PER_POD", default_value_t = DEFAULT_BYTES_PER_POD)]
     queue_bytes_per_pod: u64,
+    /// Bytes the userspace datapath's queues may hold on this node, every pod's and every draining pipeline's
+    /// together; past it packets are dropped and counted (isthmus_agent_userspace_lost{reason="queue_budget"}).
+    /// Must leave 32 MiB of --memory-limit; unset, half of --memory-limit, or 128 MiB without one.
+    #[arg(long, env = "ISTHMUS_USERSPACE_QUEUE_BYTES")]
+    userspace_queue_bytes: Option<u64>,
+    /// The agent container's memory limit in bytes (the chart passes resources.limits.memory through the
+    /// Downward API), which the userspace queues' budget must leave room in.
+    #[arg(long, env = "ISTHMUS_MEMORY_LIMIT")]
+    memory_limit: Option<u64>,
     /// The datapath every pod of this node gets (docs/datapaths.md).
     #[arg(long, env = "ISTHMUS_DATAPATH", value_enum, default_value = "auto")]
     datapath: DatapathArg,
@@ -277,6 +286,8 @@ async fn serve(args: ServeArgs, common: CommonArgs) -> anyhow::Result<()> {
     };
     let queue_budget = QueueBudget::new(args.queue_bytes_per_destination, args.queue_bytes_per_pod)
         .context("--queue-bytes-per-destination / --queue-bytes-per-pod")?;
+    let userspace_queue_bytes =
+        isthmus_agent::userspace::budget::resolve(args.userspace_queue_bytes, args.memory_limit)?;
     // With files, a broken set stops the agent at once; an issued certificate is waited for below.
     let (tls_source, files_tls) = match args.tls_source {
         TlsSourceArg::Files => {
@@ -321,6 +332,7 @@ async fn serve(args: ServeArgs, common: CommonArgs) -> anyhow::Result<()> {
             sources: sources(&common),
             parallelism: common.parallelism,
             queue_budget,
+            userspace_queue_bytes,
             datapath: args.datapath.into(),
             verify: args.verify,
         },
@@ -372,6 +384,7 @@ async fn serve(args: ServeArgs, common: CommonArgs) -> anyhow::Result<()> {
         ?scraper,
         queue_bytes_per_destination = queue_budget.per_destination(),
         queue_bytes_per_pod = queue_budget.per_pod(),
+        userspace_queue_bytes,
         "serving"
     );
 

@@ -164,6 +164,8 @@ pub enum LoopLoss {
     SendError,
     /// Captured frames that were not IP packets.
     Malformed,
+    /// The node's userspace queues held their budget (`--userspace-queue-bytes`).
+    QueueBudget,
 }
 
 impl EncodeLabelValue for LoopLoss {
@@ -172,6 +174,7 @@ impl EncodeLabelValue for LoopLoss {
             LoopLoss::CaptureOverrun => "capture_overrun",
             LoopLoss::SendError => "send_error",
             LoopLoss::Malformed => "malformed",
+            LoopLoss::QueueBudget => "queue_budget",
         })
     }
 }
@@ -204,6 +207,8 @@ pub struct Metrics {
     pub destinations_refused: Gauge,
     /// 1 while the userspace datapath's loop runs, 0 once it stopped; absent with the tc datapath.
     pub userspace_loop_running: Gauge,
+    /// What the userspace datapath's queues hold on the node, as of the last read of a pod's counters.
+    pub userspace_queued_bytes: Gauge,
     pub leftover_trees: Gauge,
     /// 1 for the datapath this agent gives its pods (`tc` or `userspace`).
     pub datapath: Family<DatapathLabels, Gauge>,
@@ -296,6 +301,14 @@ impl Metrics {
              every capture (its pods go unimpaired) and fails its liveness probe until the kubelet restarts it",
             userspace_loop_running.clone(),
         );
+        let userspace_queued_bytes = Gauge::default();
+        registry.register(
+            "isthmus_agent_userspace_queued_bytes",
+            "Bytes the userspace datapath's queues hold on this node (every pod's, pipelines draining after an edit \
+             included, each packet with its bookkeeping), as of the last read of the counters; at most \
+             --userspace-queue-bytes, past which packets are dropped (isthmus_agent_userspace_lost{reason=\"queue_budget\"})",
+            userspace_queued_bytes.clone(),
+        );
         let leftover_trees = Gauge::default();
         registry.register(
             "isthmus_agent_leftover_trees",
@@ -344,7 +357,7 @@ impl Metrics {
             "isthmus_agent_userspace_lost",
             "Packets the userspace datapath's loop lost outside every destination's emulator (so in no link's \
              drops): capture_overrun (the kernel dropped them from a capture's socket, the loop fell behind), \
-             send_error, malformed",
+             send_error, malformed, queue_budget (the node's userspace queues held their budget)",
             loop_losses.clone(),
         );
         let probes = ProbeMetrics::register(&mut registry);
@@ -364,6 +377,7 @@ impl Metrics {
             queue_limits_capped,
             destinations_refused,
             userspace_loop_running,
+            userspace_queued_bytes,
             leftover_trees,
             datapath,
             trees_removed,
@@ -381,11 +395,13 @@ impl Metrics {
 
     /// Brings the loop's loss counters up to its totals (they only grow while the agent runs).
     pub fn set_loop_losses(&self, totals: &crate::userspace::ShellCounters) {
+        self.userspace_queued_bytes.set(totals.queued_bytes as i64);
         let family = self.loop_losses.lock().unwrap_or_else(|p| p.into_inner());
         for (reason, total) in [
             (LoopLoss::CaptureOverrun, totals.capture_overruns),
             (LoopLoss::SendError, totals.send_errors),
             (LoopLoss::Malformed, totals.malformed),
+            (LoopLoss::QueueBudget, totals.budget_drops),
         ] {
             let counter = family.get_or_create(&LoopLossLabels { reason });
             counter.inc_by(total.saturating_sub(counter.get()));

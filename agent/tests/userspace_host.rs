@@ -16,7 +16,7 @@ use isthmus_agent::datapath::QueueBudget;
 use isthmus_agent::netns::Netns;
 use isthmus_agent::userspace::capture::{Capture, POD_END};
 use isthmus_agent::userspace::pipeline::PodPipeline;
-use isthmus_agent::userspace::{PodPath, Shell, shard};
+use isthmus_agent::userspace::{PodPath, Shell, budget, shard};
 use isthmus_agent_api::test_util::rate;
 use isthmus_agent_api::{Correlated, Impairment, ImpairmentFields, Loss, Percent};
 use support::goodput::assert_rate_within;
@@ -51,10 +51,19 @@ async fn path(
 
 /// The capture and the loop for namespace `a` of `pair`, emulating `destinations`.
 async fn start(pair: &Pair, destinations: &[(ipnet::IpNet, Arc<Impairment>)]) -> (Netns, Netns, Capture, Shell) {
+    start_within(pair, destinations, budget::DEFAULT_BYTES).await
+}
+
+/// As [`start`], the loop's queues held to `budget_bytes` on the node.
+async fn start_within(
+    pair: &Pair,
+    destinations: &[(ipnet::IpNet, Arc<Impairment>)],
+    budget_bytes: u64,
+) -> (Netns, Netns, Capture, Shell) {
     let agent_ns = Netns::scratch().await.unwrap();
     let pod_ns = Netns::open(format!("/run/netns/{}", pair.a).as_ref()).unwrap();
     let capture = Capture::attach(&agent_ns, &pod_ns, "va", "u-test").await.unwrap();
-    let shell = Shell::start().unwrap();
+    let shell = Shell::start(budget_bytes).unwrap();
     shell.attach("a", path(&agent_ns, &pod_ns, &capture, &shell, destinations).await);
     for (destination, _) in destinations {
         capture.route(*destination, Some("10.77.0.1".parse().unwrap())).await.unwrap();
@@ -247,6 +256,50 @@ async fn an_edit_lets_the_packets_already_delayed_leave_as_scheduled() {
     assert_eq!(lost, 0, "the edit lost probes that were in the old delay line: {rtts:?}");
     assert!(slow > 20 && fast > 20, "the edit did not happen mid-run: {rtts:?}");
     assert!(rtts.iter().flatten().all(|r| *r >= 10.0), "a probe skipped the delay: {rtts:?}");
+    capture.detach().await.unwrap();
+}
+
+/// A flood into a 10 s delay line holds no more than the node's budget, an edit's draining pipeline included;
+/// what does not fit is dropped and counted, and the loop goes on (before the budget, the same flood held its
+/// whole volume: the per-pod bound alone is 64 MiB).
+#[tokio::test]
+async fn a_flood_holds_the_nodes_queue_budget_and_no_more_draining_included() {
+    const BUDGET: u64 = 2 << 20;
+    let pair = Pair::new("us-budget");
+    let (x, y) = (net("10.77.0.2/32"), net("10.77.0.3/32"));
+    let long = impairment(ImpairmentFields { latency: Some(Duration::from_secs(10)), ..Default::default() });
+    let (_agent_ns, _pod_ns, capture, shell) = start_within(&pair, &[(x, long.clone())], BUDGET).await;
+    capture.route(y, Some("10.77.0.1".parse().unwrap())).await.unwrap();
+    // 3,000 datagrams of 1,400 bytes, each way about 4.3 MiB: twice the budget, sent in bursts the capture's
+    // sockets can take.
+    let flood = |dst: IpAddr| {
+        let socket = in_netns(&pair.a, || UdpSocket::bind(("0.0.0.0", 0))).unwrap();
+        for i in 0..3000 {
+            socket.send_to(&[0u8; 1400], (dst, 9)).unwrap();
+            if i % 50 == 49 {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    flood("10.77.0.2".parse().unwrap());
+    let (_, first) = shell.counters("a").unwrap();
+    println!("after the first flood: {first:?}");
+    assert!(first.queued_bytes <= BUDGET, "{} bytes queued, budget {BUDGET}", first.queued_bytes);
+    assert!(first.queued_bytes > BUDGET / 2, "the delay line took the flood: {first:?}");
+    assert!(first.budget_drops > 0, "the flood was twice the budget: {first:?}");
+    // An edit: x goes, y comes. x's packets drain apart, still in the budget, and y gets only what is left.
+    let bound = QueueBudget::default().bound(1);
+    shell.retune("a", PodPipeline::new([(&y, long.as_ref())], bound, 1, shell.now()));
+    flood("10.77.0.3".parse().unwrap());
+    let (counters, second) = shell.counters("a").unwrap();
+    println!("after the edit and the second flood: {second:?}, y: {counters:?}");
+    assert!(
+        second.queued_bytes <= BUDGET,
+        "{} bytes queued with the draining pipeline, budget {BUDGET}",
+        second.queued_bytes
+    );
+    assert!(second.budget_drops > first.budget_drops, "y had no room beside x's draining queue: {second:?}");
     capture.detach().await.unwrap();
 }
 

@@ -316,6 +316,53 @@ fn security_boundary() {
     assert_eq!(facts.error.unwrap().field, "spec.to.namespaceSelector");
 }
 
+/// A tenant learns nothing through its link's status that its own access would not show it: no pod of another
+/// namespace is named (a host-network pod there is left alone without a trace), and no destination is counted
+/// while the link shapes no pod of its own (with one, the destinations are in that pod's own kernel state).
+#[test]
+fn a_link_status_tells_a_tenant_nothing_about_other_namespaces() {
+    let mut p = Planner::new();
+    p.upsert_namespace("tenant".into(), labels(&[]));
+    p.upsert_namespace("kube-system".into(), labels(&[]));
+    p.upsert_namespace("bank".into(), labels(&[]));
+    for (ns, name, ip, host_network) in [
+        ("kube-system", "node-agent", "192.168.1.10", true),
+        ("bank", "ledger-0", "10.0.5.1", false),
+        ("bank", "ledger-1", "10.0.5.2", false),
+        ("tenant", "own-host-pod", "192.168.1.11", true),
+    ] {
+        let (k, mut v) = pod(ns, name, "db", "n2", &[ip]);
+        v.host_network = host_network;
+        p.upsert_pod(k, v);
+    }
+    let mut s = spec("client", "db", 10);
+    s.to.namespace_selector = Some(selector(&[]));
+    let (k, v) = link("tenant", "probe", 1, s);
+    p.upsert_link(k, v);
+    p.recompute();
+    let key = ObjectKey::new("tenant", "probe");
+    let status_of = |p: &Planner| {
+        let mut status = isthmus_operator::api::NetworkLinkStatus::default();
+        fill_status(&p.link_facts(&key).unwrap(), &mut status);
+        status
+    };
+    let status = status_of(&p);
+    assert_eq!((status.source_pods, status.destinations, status.pairs), (0, 0, 0), "no source pod: nothing counted");
+    let named: Vec<&str> = status.failures.iter().map(|f| f.pod.as_str()).collect();
+    assert_eq!(named, vec!["tenant/own-host-pod"], "only the link's own namespace is named");
+
+    // With a pod of its own, the destinations its kernel state holds are counted; still nobody else is named.
+    let (k, v) = pod("tenant", "client", "client", "n1", &["10.0.0.1"]);
+    p.upsert_pod(k, v);
+    p.recompute();
+    let status = status_of(&p);
+    assert_eq!((status.source_pods, status.destinations, status.pairs), (1, 2, 2));
+    let named: Vec<&str> = status.failures.iter().map(|f| f.pod.as_str()).collect();
+    assert_eq!(named, vec!["tenant/own-host-pod"]);
+    let got: Vec<_> = dests(p.node_plan("n1").unwrap(), "client").into_iter().map(|d| d.0).collect();
+    assert_eq!(got, vec!["10.0.5.1/32", "10.0.5.2/32"], "what the status counts is what the pod holds");
+}
+
 #[test]
 fn services_fronting_only_destination_pods_are_included() {
     let mut p = Planner::new();

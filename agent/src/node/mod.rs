@@ -67,6 +67,9 @@ pub struct NodeConfig {
     pub parallelism: usize,
     /// What each pod's queues may hold (`crate::datapath::queue`).
     pub queue_budget: QueueBudget,
+    /// What the userspace datapath's queues may hold on the node, every pod's together
+    /// (`crate::userspace::budget`).
+    pub userspace_queue_bytes: u64,
     pub datapath: DatapathChoice,
     /// Whether the applied plans' links are probed (`--verify`); off, the node keeps no view for a prober.
     pub verify: bool,
@@ -126,7 +129,7 @@ impl Node {
         metrics.datapath.get_or_create(&crate::metrics::DatapathLabels { datapath: label.into() }).set(1);
         let userspace = match capabilities.datapath {
             DatapathKind::Tc => None,
-            DatapathKind::Userspace => Some(crate::userspace::Userspace::start().await?),
+            DatapathKind::Userspace => Some(crate::userspace::Userspace::start(config.userspace_queue_bytes).await?),
         };
         if userspace.is_some() {
             metrics.userspace_loop_running.set(1);

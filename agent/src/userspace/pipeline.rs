@@ -11,6 +11,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+use super::budget::{self, NodeBudget};
 use crate::datapath::QueueBound;
 use crate::emulator::{Emulator, Packet, Verdict};
 
@@ -92,6 +93,8 @@ pub enum Pushed {
     Emulated(Verdict),
     /// No destination holds its address (a route the capture has not yet withdrawn): it goes on unchanged.
     PassThrough(Frame),
+    /// For a destination, but the node's queues hold their budget: dropped, and counted by the budget.
+    OverBudget,
     /// Not the pod's traffic: what the capture's own interface sends when it comes up (IPv6 neighbour
     /// discovery, multicast reports, anything to a multicast or link-local address). Dropped: on the pod's
     /// interface it would carry the capture's address, and the pod's traffic reaches the capture only through
@@ -149,11 +152,18 @@ impl PodPipeline {
         self.destinations.iter().position(|d| d.net.contains(&address))
     }
 
-    pub fn push(&mut self, frame: Frame, now: u64) -> Pushed {
+    /// A captured packet into its destination's emulator, if the node's queues have room for it.
+    pub fn push(&mut self, frame: Frame, now: u64, node: &mut NodeBudget) -> Pushed {
         let Some(i) = self.find(frame.destination) else {
             return if beyond_the_link(frame.destination) { Pushed::PassThrough(frame) } else { Pushed::Stray };
         };
-        let verdict = self.destinations[i].emulator.push(frame, now);
+        if !node.admit(frame.len()) {
+            return Pushed::OverBudget;
+        }
+        let emulator = &mut self.destinations[i].emulator;
+        let before = budget::held(&emulator.counters());
+        let verdict = emulator.push(frame, now);
+        node.changed(before, budget::held(&emulator.counters()));
         self.reschedule(i, now);
         Pushed::Emulated(verdict)
     }
@@ -197,8 +207,9 @@ impl PodPipeline {
         rest.next_wakeup().is_some().then_some(rest)
     }
 
-    /// Appends to `out` every packet that may leave at `now`, in departure order per destination.
-    pub fn pop_due(&mut self, now: u64, out: &mut Vec<Frame>) {
+    /// Appends to `out` every packet that may leave at `now`, in departure order per destination, and gives the
+    /// node's budget back what they held.
+    pub fn pop_due(&mut self, now: u64, out: &mut Vec<Frame>, node: &mut NodeBudget) {
         while let Some(&Reverse((at, i))) = self.wakeups.peek() {
             if at > now {
                 break;
@@ -208,13 +219,16 @@ impl PodPipeline {
                 continue;
             }
             self.destinations[i].scheduled = None;
-            while let Some(frame) = self.destinations[i].emulator.pop(now) {
+            let emulator = &mut self.destinations[i].emulator;
+            let before = budget::held(&emulator.counters());
+            while let Some(frame) = emulator.pop(now) {
                 if frame.doomed {
                     self.doomed += 1;
                 } else {
                     out.push(frame);
                 }
             }
+            node.changed(before, budget::held(&emulator.counters()));
             self.reschedule(i, now);
         }
     }
@@ -227,6 +241,11 @@ impl PodPipeline {
     /// Each destination's counters, longest prefix first.
     pub fn counters(&self) -> impl Iterator<Item = (IpNet, Counters)> + '_ {
         self.destinations.iter().map(|d| (d.net, d.emulator.counters()))
+    }
+
+    /// What the pipeline's queues hold, as the node's budget counts it.
+    pub fn held(&self) -> u64 {
+        self.destinations.iter().map(|d| budget::held(&d.emulator.counters())).sum()
     }
 
     /// Packets dropped because a corrupted bit would have made their receiver drop them.

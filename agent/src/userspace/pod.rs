@@ -30,8 +30,13 @@ impl std::fmt::Debug for Userspace {
 }
 
 impl Userspace {
-    pub async fn start() -> io::Result<Arc<Userspace>> {
-        Ok(Arc::new(Userspace { shell: Shell::start()?, netns: Netns::scratch().await?, next: AtomicU64::new(0) }))
+    /// The loop, its queues held to `budget_bytes` on the node ([`super::budget`]), and the agent's namespace.
+    pub async fn start(budget_bytes: u64) -> io::Result<Arc<Userspace>> {
+        Ok(Arc::new(Userspace {
+            shell: Shell::start(budget_bytes)?,
+            netns: Netns::scratch().await?,
+            next: AtomicU64::new(0),
+        }))
     }
 
     /// Whether the loop still runs ([`Shell::running`]).
@@ -290,7 +295,7 @@ mod tests {
         assert!(nix::unistd::geteuid().is_root(), "needs root to create network namespaces (make unit runs it)");
         let (pod_ns, eth0) = pod_namespace().await;
         let before = routes(&pod_ns, MAIN).await;
-        let userspace = Userspace::start().await.unwrap();
+        let userspace = Userspace::start(crate::userspace::budget::DEFAULT_BYTES).await.unwrap();
         let pod = userspace.open(pod_ns.clone());
         let fields = ImpairmentFields { latency: Some(Duration::from_millis(10)), ..Default::default() };
         let impairment = Arc::new(Impairment::try_from(fields).unwrap());

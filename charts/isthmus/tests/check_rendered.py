@@ -103,6 +103,10 @@ def main():
     queue = {"default": ("16777216", "67108864"), "queue": ("1073741824", "4294967296")}.get(variant, ("16777216", "67108864"))
     check((env["ISTHMUS_QUEUE_BYTES_PER_DESTINATION"]["value"], env["ISTHMUS_QUEUE_BYTES_PER_POD"]["value"]) == queue,
           f"agent: queue budgets {queue}")
+    userspace = {"queue": "134217728"}.get(variant)
+    check(env.get("ISTHMUS_USERSPACE_QUEUE_BYTES", {}).get("value") == userspace, f"agent: userspace queue budget {userspace}")
+    check(env["ISTHMUS_MEMORY_LIMIT"]["valueFrom"]["resourceFieldRef"] == {"resource": "limits.memory", "divisor": "1"},
+          "agent: ISTHMUS_MEMORY_LIMIT from the downward API")
     for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
         check(probe in agent, f"agent: {probe}")
 

@@ -67,7 +67,7 @@ variants=(
   "default|isthmus|isthmus-system|"
   "replicas2|isthmus|isthmus-system|--set operator.replicas=2"
   "tolerations|chaos|chaos-tools|-f $work/tolerations.yaml"
-  "queue|isthmus|isthmus-system|--set agent.queue.bytesPerDestination=1073741824 --set agent.queue.bytesPerPod=4294967296"
+  "queue|isthmus|isthmus-system|--set agent.queue.bytesPerDestination=1073741824 --set agent.queue.bytesPerPod=4294967296 --set agent.queue.userspaceBytes=134217728"
   "tc|isthmus|isthmus-system|--set agent.datapath=tc"
   "tc-unverified|isthmus|isthmus-system|--set agent.datapath=tc --set verification.enabled=false"
   "minimal|lab|lab|--set operator.leaderElection=false --set uninstall.enabled=false --set fullnameOverride=netlab --set-json imagePullSecrets=[{\"name\":\"regcred\"}]"
@@ -139,6 +139,7 @@ refuse "operator" --set operator.replicas=two
 refuse "uninstall.timeoutSeconds (120) must be above operator.cleanupTimeoutSeconds (120)" --set uninstall.timeoutSeconds=120
 refuse "bytesPerDestination" --set agent.queue.bytesPerDestination=1000
 refuse "bytesPerPod" --set agent.queue.bytesPerPod=6199829
+refuse "userspaceBytes" --set agent.queue.userspaceBytes=1000
 refuse "destinationsPerPod" --set operator.limits.destinationsPerPod=4096
 refuse "destinationsPerLink" --set operator.limits.destinationsPerLink=0
 refuse "datapath" --set agent.datapath=ebpf

@@ -92,10 +92,17 @@ impl Resolution {
         self.forward.iter().map(|s| (Direction::Forward, s)).chain(self.reverse.iter().map(|s| (Direction::Reverse, s)))
     }
 
-    /// Distinct destinations of both directions; for a refused link, the count it was refused for.
+    /// Distinct destinations of both directions; for a refused link, the count it was refused for; none while the
+    /// link has no source pod. A link shapes its own namespace's pods only, and the destinations it shapes are in
+    /// those pods' own kernel state (their filters or capture routes), which the link's author can read; without
+    /// a source pod the count would be all that `to.namespaceSelector` tells about other namespaces' pods, which
+    /// the author may not be allowed to list.
     pub(super) fn destination_count(&self) -> u32 {
         if let Some(destinations) = self.refusal.as_ref().and_then(Refusal::destinations) {
             return destinations;
+        }
+        if self.source_pods().is_empty() {
+            return 0;
         }
         match (&self.forward, &self.reverse) {
             (Some(f), None) => f.destinations.len() as u32,
@@ -176,7 +183,7 @@ pub(super) fn resolve_link_with(
         }
     };
     res.summary = Some(impairments.summary());
-    let mut exclusions = BTreeSet::new();
+    let mut exclusions = Exclusions { namespace: &key.namespace, found: BTreeSet::new() };
     let from_pods = select_pods(index, [key.namespace.as_str()], &sel.from, "source", &mut exclusions);
     res.to_namespaces = index.to_namespaces(key, &sel.to_namespaces);
     let to_pods = match &sel.to_pods {
@@ -214,10 +221,13 @@ pub(super) fn resolve_link_with(
             timeline: info.timelines.as_ref().and_then(|t| t.reverse.clone()),
         });
     }
-    res.exclusions = exclusions.into_iter().collect();
+    res.exclusions = exclusions.found.into_iter().collect();
     let destinations = res.destination_count();
     let pairs = res.pair_bound();
-    if destinations > limits.per_link() {
+    if res.source_pods().is_empty() {
+        // Nothing to shape, so nothing to refuse: a refusal would tell how many pods of other namespaces the
+        // selectors match (see `destination_count`).
+    } else if destinations > limits.per_link() {
         res.refusal = Some(Refusal::LinkDestinations { destinations, limit: limits.per_link() });
     } else if pairs > u64::from(limits.pairs_per_link()) {
         res.refusal = Some(Refusal::LinkPairs { pairs, destinations, limit: limits.pairs_per_link() });
@@ -231,6 +241,14 @@ pub(super) fn resolve_link_with(
 
 type Selected<'a> = Vec<(&'a ObjectKey, &'a PodInfo)>;
 
+/// The pods a link leaves alone, for its status: only those of the link's own namespace. A link's author may be a
+/// tenant who cannot list pods elsewhere, and the status must tell them nothing their own access would not: a
+/// host-network pod of another namespace is left alone without a trace.
+struct Exclusions<'a> {
+    namespace: &'a str,
+    found: BTreeSet<Exclusion>,
+}
+
 /// The pods of `namespaces` that `selector` picks and the plan can use; the running host-network pods it picks
 /// go to `exclusions` instead.
 fn select_pods<'a>(
@@ -238,7 +256,7 @@ fn select_pods<'a>(
     namespaces: impl IntoIterator<Item = &'a str>,
     selector: &Selector,
     role: &str,
-    exclusions: &mut BTreeSet<Exclusion>,
+    exclusions: &mut Exclusions<'_>,
 ) -> Selected<'a> {
     let mut selected = Vec::new();
     for ns in namespaces {
@@ -247,7 +265,9 @@ fn select_pods<'a>(
                 continue;
             }
             if pod.excluded_host_network() {
-                exclusions.insert(host_network_exclusion(pk, pod, role));
+                if pk.namespace == exclusions.namespace {
+                    exclusions.found.insert(host_network_exclusion(pk, pod, role));
+                }
             } else if pod.usable() {
                 selected.push((pk, pod));
             }

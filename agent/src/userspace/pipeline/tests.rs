@@ -37,6 +37,11 @@ fn pipeline(destinations: &[(IpNet, Arc<Impairment>)], seed: u64) -> PodPipeline
     PodPipeline::new(destinations.iter().map(|(n, i)| (n, i.as_ref())), bound, seed, 0)
 }
 
+/// A node budget no test of the pipeline's timing reaches.
+fn unbounded() -> NodeBudget {
+    NodeBudget::new(u64::MAX)
+}
+
 fn net(s: &str) -> IpNet {
     s.parse().unwrap()
 }
@@ -49,11 +54,11 @@ fn run(p: &mut PodPipeline, arrivals: Vec<(u64, Frame)>) -> Vec<(u64, Frame)> {
     let mut now = 0;
     loop {
         while let Some((_, f)) = arrivals.next_if(|(t, _)| *t <= now) {
-            if let Pushed::PassThrough(f) = p.push(f, now) {
+            if let Pushed::PassThrough(f) = p.push(f, now, &mut unbounded()) {
                 out.push((now, f));
             }
         }
-        p.pop_due(now, &mut due);
+        p.pop_due(now, &mut due, &mut unbounded());
         out.extend(due.drain(..).map(|f| (now, f)));
         now = match (p.next_wakeup(), arrivals.peek().map(|(t, _)| *t)) {
             (Some(w), Some(a)) => w.min(a),
@@ -151,9 +156,9 @@ proptest! {
 fn the_captures_own_link_chatter_is_stray_and_other_unlisted_unicast_passes() {
     let mut p = pipeline(&[(net("10.0.0.0/24"), latency(10))], 1);
     for to in [[224, 0, 0, 22], [255, 255, 255, 255], [169, 254, 1, 1], [0, 0, 0, 0]] {
-        assert_eq!(p.push(v4(to, 0, 64), 0), Pushed::Stray, "{to:?}");
+        assert_eq!(p.push(v4(to, 0, 64), 0, &mut unbounded()), Pushed::Stray, "{to:?}");
     }
-    assert!(matches!(p.push(v4([10, 0, 1, 1], 0, 64), 0), Pushed::PassThrough(_)));
+    assert!(matches!(p.push(v4([10, 0, 1, 1], 0, 64), 0, &mut unbounded()), Pushed::PassThrough(_)));
     for to in ["ff02::16", "ff02::1:ff00:1", "fe80::1", "::"] {
         let to: std::net::Ipv6Addr = to.parse().unwrap();
         assert!(!beyond_the_link(IpAddr::V6(to)), "{to}");
@@ -169,7 +174,7 @@ fn rate(bps: u64) -> Arc<Impairment> {
 fn drain(p: &mut PodPipeline, mut now: u64) -> Vec<(u64, Frame)> {
     let (mut out, mut due) = (Vec::new(), Vec::new());
     loop {
-        p.pop_due(now, &mut due);
+        p.pop_due(now, &mut due, &mut unbounded());
         out.extend(due.drain(..).map(|f| (now, f)));
         match p.next_wakeup() {
             Some(w) => now = w.max(now + 1),
@@ -183,12 +188,12 @@ fn an_edit_paces_what_is_already_queued_at_the_new_rate_through_one_bucket() {
     let dst = net("10.0.0.2/32");
     let mut old = pipeline(&[(dst, rate(8_000_000))], 1);
     for n in 0..20 {
-        old.push(v4([10, 0, 0, 2], n, 986), 0);
+        old.push(v4([10, 0, 0, 2], n, 986), 0, &mut unbounded());
     }
     let mut new = pipeline(&[(dst, rate(1_000_000))], 1);
     let edit = 2 * MS;
     let mut early = Vec::new();
-    old.pop_due(edit, &mut early);
+    old.pop_due(edit, &mut early, &mut unbounded());
     assert!(new.take_over(old, edit).is_none(), "nothing of the old pipeline is left to drain beside the new one");
     let out = drain(&mut new, edit);
     assert_eq!(early.len() + out.len(), 20, "every queued packet leaves once");
@@ -205,10 +210,10 @@ fn an_edit_paces_what_is_already_queued_at_the_new_rate_through_one_bucket() {
 fn delayed_packets_keep_their_departure_after_an_edit_and_new_ones_follow_the_new_delay() {
     let dst = net("10.0.0.2/32");
     let mut old = pipeline(&[(dst, latency(100))], 1);
-    old.push(v4([10, 0, 0, 2], 1, 100), 0);
+    old.push(v4([10, 0, 0, 2], 1, 100), 0, &mut unbounded());
     let mut new = pipeline(&[(dst, latency(10))], 1);
     assert!(new.take_over(old, 50 * MS).is_none());
-    new.push(v4([10, 0, 0, 2], 2, 100), 60 * MS);
+    new.push(v4([10, 0, 0, 2], 2, 100), 60 * MS, &mut unbounded());
     let out: Vec<(u64, u16)> = drain(&mut new, 50 * MS).into_iter().map(|(t, f)| (t, number(&f))).collect();
     assert_eq!(out, vec![(70 * MS, 2), (100 * MS, 1)]);
 }
@@ -218,11 +223,120 @@ fn a_destination_gone_or_changed_in_kind_drains_on_its_own_schedule() {
     let (x, y) = (net("10.0.0.2/32"), net("10.0.0.3/32"));
     for replacement in [vec![(y, latency(10))], vec![(x, rate(1_000_000))]] {
         let mut old = pipeline(&[(x, latency(100))], 1);
-        old.push(v4([10, 0, 0, 2], 7, 100), 0);
+        old.push(v4([10, 0, 0, 2], 7, 100), 0, &mut unbounded());
         let mut new = pipeline(&replacement, 1);
         let mut rest = new.take_over(old, 10 * MS).expect("the old queue drains apart");
         assert_eq!(new.next_wakeup(), None, "{replacement:?}: the new pipeline holds nothing of it");
         let out: Vec<(u64, u16)> = drain(&mut rest, 10 * MS).into_iter().map(|(t, f)| (t, number(&f))).collect();
         assert_eq!(out, vec![(100 * MS, 7)], "{replacement:?}");
+    }
+}
+
+/// One step of a node's pods: a packet from pod `pod` to 10.0.0.`k`, an edit of pod `pod`'s destinations, or time
+/// passing.
+#[derive(Debug, Clone)]
+enum Step {
+    Packet { pod: usize, k: u8, len: usize },
+    Edit { pod: usize },
+    Wait(u64),
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        6 => (0usize..3, 1u8..4, 28usize..1500).prop_map(|(pod, k, len)| Step::Packet { pod, k, len }),
+        1 => (0usize..3).prop_map(|pod| Step::Edit { pod }),
+        2 => (0u64..5 * MS).prop_map(Step::Wait),
+    ]
+}
+
+/// A pod's destinations, in one of two versions: an edit switches between them, so that one destination keeps
+/// its queue (changed delay), one changes kind (its queue drains apart) and one goes.
+fn version(edited: bool) -> Vec<(IpNet, Arc<Impairment>)> {
+    let twice = Correlated { percent: Percent::new("duplicate", 50.0).unwrap(), correlation: Percent::ZERO };
+    let duplicating = |ms| imp(ImpairmentFields { duplicate: Some(twice), ..latency(ms).fields().clone() });
+    if edited {
+        vec![(net("10.0.0.1/32"), duplicating(3)), (net("10.0.0.2/32"), latency(2))]
+    } else {
+        vec![
+            (net("10.0.0.1/32"), duplicating(8)),
+            (net("10.0.0.2/32"), rate(1_000_000)),
+            (net("10.0.0.3/32"), latency(4)),
+        ]
+    }
+}
+
+/// The pods of one node as the loop keeps them: each its pipeline and the ones still draining after an edit.
+struct NodePods {
+    pods: Vec<(PodPipeline, Vec<PodPipeline>, bool)>,
+}
+
+impl NodePods {
+    fn held(&self) -> u64 {
+        self.pods.iter().map(|(p, draining, _)| p.held() + draining.iter().map(PodPipeline::held).sum::<u64>()).sum()
+    }
+
+    fn pop_due(&mut self, now: u64, node: &mut NodeBudget) -> usize {
+        let mut due = Vec::new();
+        for (p, draining, _) in &mut self.pods {
+            p.pop_due(now, &mut due, node);
+            for old in draining.iter_mut() {
+                old.pop_due(now, &mut due, node);
+            }
+            draining.retain(|old| old.next_wakeup().is_some());
+        }
+        due.len()
+    }
+
+    fn next_wakeup(&self) -> Option<u64> {
+        self.pods
+            .iter()
+            .flat_map(|(p, draining, _)| std::iter::once(p).chain(draining))
+            .filter_map(|p| p.next_wakeup())
+            .min()
+    }
+}
+
+proptest! {
+    /// Every pod's pipeline and every draining one queue against one node budget: what the budget holds is
+    /// exactly what the pipelines hold, at most the limit plus one duplicate's copy, every packet refused for it is
+    /// counted, and nothing is held once everything has left.
+    #[test]
+    fn the_node_budget_holds_exactly_what_every_pipeline_holds(
+        limit in 2_000u64..60_000,
+        steps in prop::collection::vec(step(), 1..300),
+    ) {
+        let mut node = NodeBudget::new(limit);
+        let mut pods = NodePods { pods: (0..3).map(|i| (pipeline(&version(false), i), Vec::new(), false)).collect() };
+        let (mut now, mut refused, mut largest) = (0u64, 0u64, 0u64);
+        for (n, step) in steps.iter().enumerate() {
+            match *step {
+                Step::Packet { pod, k, len } => {
+                    let pushed = pods.pods[pod].0.push(v4([10, 0, 0, k], n as u16, len), now, &mut node);
+                    refused += u64::from(pushed == Pushed::OverBudget);
+                    // A packet is admitted only while the budget has room for it, so only a copy made with it
+                    // goes over: by at most the largest packet's cost.
+                    largest = largest.max(super::budget::cost(len + LINK_HEADER));
+                    prop_assert!(node.held() <= limit + largest, "{} held of {}", node.held(), limit);
+                }
+                Step::Edit { pod } => {
+                    let (current, draining, edited) = &mut pods.pods[pod];
+                    *edited = !*edited;
+                    let old = std::mem::replace(current, pipeline(&version(*edited), pod as u64));
+                    draining.extend(current.take_over(old, now));
+                }
+                Step::Wait(d) => {
+                    now += d;
+                    pods.pop_due(now, &mut node);
+                }
+            }
+            prop_assert_eq!(node.held(), pods.held(), "after step {} ({:?})", n, step);
+        }
+        prop_assert_eq!(node.drops(), refused);
+        while let Some(at) = pods.next_wakeup() {
+            now = at.max(now);
+            pods.pop_due(now, &mut node);
+            now += 1;
+        }
+        prop_assert_eq!((node.held(), pods.held()), (0, 0));
     }
 }

@@ -77,7 +77,10 @@ impl Emulation {
         Ok(match via {
             Via::Tc => Emulation::Tc(ctx.runtime.block_on(Datapath::open(link.a.fd())).context("opening tc")?),
             Via::Userspace => {
-                let userspace = ctx.runtime.block_on(Userspace::start()).context("starting the userspace loop")?;
+                let userspace = ctx
+                    .runtime
+                    .block_on(Userspace::start(isthmus_agent::userspace::budget::DEFAULT_BYTES))
+                    .context("starting the userspace loop")?;
                 let pod_ns = AgentNetns::open(format!("/run/netns/{}", link.a.name).as_ref())?;
                 Emulation::Userspace { pod: userspace.open(Arc::new(pod_ns)), _userspace: userspace }
             }
