@@ -93,6 +93,7 @@ async fn uninstall_fails_naming_links_kept_by_finalizer_then_succeeds_once_they_
         client().await.expect("ISTHMUS_TEST_KUBECONFIG: a real API server (make operator-it sets it)");
     install_crd(&client).await;
     fresh_namespace(&client, NAMESPACE).await;
+    let _removed = Removed(NAMESPACE);
     let links: Api<NetworkLink> = Api::namespaced(client.clone(), NAMESPACE);
     let all: Api<NetworkLink> = Api::all(client.clone());
     for name in ["held-1", "held-2"] {
@@ -129,12 +130,13 @@ async fn uninstall_fails_naming_links_kept_by_finalizer_then_succeeds_once_they_
         "NetworkLinks left: {:?}",
         left.items.iter().map(|l| &l.metadata.name).collect::<Vec<_>>()
     );
-
-    let _ = Api::<Namespace>::all(client).delete(NAMESPACE, &DeleteParams::default()).await;
 }
 
-/// Deletes its namespace when dropped, on its own runtime and thread: also when the test fails (its own runtime
-/// may be unwinding).
+/// Deletes its namespace when dropped, on its own runtime and thread (also when the test fails: its own runtime
+/// may be unwinding), and waits until it is gone, for at most a minute. Declared after the [`SERIAL`] guard, so
+/// dropped before it: the next test must not find this one's pods, as an uninstall checks every namespace for
+/// gated ones (a CI run of the finalizer test met the gated pod of the test before it, its namespace still
+/// terminating).
 struct Removed(&'static str);
 
 impl Drop for Removed {
@@ -143,9 +145,16 @@ impl Drop for Removed {
         let cleanup = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
             runtime.block_on(async {
-                if let Some((client, _)) = client().await {
-                    let _ = Api::<Namespace>::all(client).delete(ns, &DeleteParams::default()).await;
+                let Some((client, _)) = client().await else { return };
+                let namespaces = Api::<Namespace>::all(client);
+                let _ = namespaces.delete(ns, &DeleteParams::default()).await;
+                for _ in 0..300 {
+                    if matches!(namespaces.get_opt(ns).await, Ok(None)) {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
                 }
+                eprintln!("namespace {ns} still there a minute after its deletion");
             });
         });
         let _ = cleanup.join();
