@@ -23,6 +23,7 @@ use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client, ResourceExt};
 
 use crate::auth::IssuedCertificate;
+use crate::ca_bundle::TrustedBundle;
 
 /// How long a request may wait before the wait is logged as a warning (the request is kept).
 const SIGNING_WAIT: Duration = Duration::from_secs(120);
@@ -148,8 +149,13 @@ fn label_value(node: &str) -> String {
 
 /// Keeps `into` holding a valid certificate: one request now, waited on until it is signed (a denied or deleted
 /// one, or one that could not be made, is followed by a new one after a back-off of up to a minute), then a new
-/// one after two thirds of each certificate's life.
-pub fn spawn(client: Client, node: String, into: Arc<IssuedCertificate>) -> tokio::task::JoinHandle<()> {
+/// one after two thirds of each certificate's life, or at once when `bundle` retires the CA that issued it.
+pub fn spawn(
+    client: Client,
+    node: String,
+    into: Arc<IssuedCertificate>,
+    bundle: Arc<TrustedBundle>,
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut backoff = Duration::from_secs(2);
         loop {
@@ -157,9 +163,10 @@ pub fn spawn(client: Client, node: String, into: Arc<IssuedCertificate>) -> toki
                 Ok(issued) => {
                     let renew_in = issued.remaining.mul_f64(2.0 / 3.0);
                     tracing::info!(node = %node, valid_for = ?issued.remaining, ?renew_in, "serving certificate issued");
+                    let cert_pem = issued.cert_pem.clone();
                     into.set(issued.cert_pem.into_bytes(), issued.key_pem.into_bytes());
                     backoff = Duration::from_secs(2);
-                    tokio::time::sleep(renew_in.max(Duration::from_secs(60))).await;
+                    until_renewal(&bundle, &cert_pem, &node, renew_in.max(Duration::from_secs(60))).await;
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, retry_in = ?backoff, "no serving certificate");
@@ -169,6 +176,27 @@ pub fn spawn(client: Client, node: String, into: Arc<IssuedCertificate>) -> toki
             }
         }
     })
+}
+
+/// Waits `due`, or until `bundle` retires the CA that issued `cert_pem` (the operator replaced its CA and
+/// trusts the old one only until every agent holds a certificate from the new one).
+async fn until_renewal(bundle: &TrustedBundle, cert_pem: &str, node: &str, due: Duration) {
+    let Ok(dns_name) = node_server_name(node) else { return tokio::time::sleep(due).await };
+    let mut changes = bundle.subscribe();
+    let due = tokio::time::sleep(due);
+    tokio::pin!(due);
+    loop {
+        if bundle.bundle().is_some_and(|b| b.retires(cert_pem.as_bytes(), &dns_name)) {
+            tracing::info!(node, "the operator retired the CA of this agent's certificate; asking for a new one now");
+            return;
+        }
+        tokio::select! {
+            _ = &mut due => return,
+            changed = changes.changed() => if changed.is_err() {
+                return due.await;
+            },
+        }
+    }
 }
 
 #[cfg(test)]

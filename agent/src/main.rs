@@ -300,7 +300,7 @@ async fn serve(args: ServeArgs, common: CommonArgs) -> anyhow::Result<()> {
             let ca = Arc::new(TrustedBundle::default());
             // Both run for the agent's lifetime (renewing the certificate, following the bundle); nothing waits
             // for them.
-            drop(isthmus_agent::csr::spawn(client.clone(), node_name.clone(), certificate.clone()));
+            drop(isthmus_agent::csr::spawn(client.clone(), node_name.clone(), certificate.clone(), ca.clone()));
             drop(isthmus_agent::ca_bundle::spawn(client, args.namespace.clone(), args.ca_bundle.clone(), ca.clone()));
             (TlsSource::Issued { ca, certificate }, None)
         }

@@ -168,6 +168,7 @@ async fn main() -> anyhow::Result<()> {
         leadership.leader.clone(),
         shutdown_rx.clone(),
         Duration::from_secs(60),
+        args.signer_config(),
     );
     let signer = tokio::spawn(signer::run(
         client.clone(),

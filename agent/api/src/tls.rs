@@ -91,6 +91,29 @@ pub fn crypto_provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
+/// Whether `leaf` (DER) is a serving certificate for `dns_name`, valid now and chaining to one of the CA
+/// certificates in `roots_pem`: how the operator and an agent tell that an agent's certificate comes from the CAs
+/// in force, not only from one still trusted while it is being replaced.
+pub fn serves_under(leaf: &CertificateDer<'_>, roots_pem: &str, dns_name: &str) -> bool {
+    use rustls::client::danger::ServerCertVerifier;
+    let mut roots = rustls::RootCertStore::empty();
+    for der in CertificateDer::pem_slice_iter(roots_pem.as_bytes()).flatten() {
+        if roots.add(der).is_err() {
+            return false;
+        }
+    }
+    if roots.is_empty() {
+        return false;
+    }
+    let Ok(name) = rustls::pki_types::ServerName::try_from(dns_name.to_owned()) else { return false };
+    let Ok(verifier) =
+        rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), crypto_provider()).build()
+    else {
+        return false;
+    };
+    verifier.verify_server_cert(leaf, &[], &name, &[], rustls::pki_types::UnixTime::now()).is_ok()
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
     #[error("reading {path}: {source}")]

@@ -142,11 +142,13 @@ def main():
     check(not any(v.get("configMap") for v in pod["volumes"]), "agent: no mounted ConfigMap (the bundle is read through the API)")
     check(openv["ISTHMUS_AGENT_SERVICE_ACCOUNT"] == pod["serviceAccountName"], "operator signs for the agents' ServiceAccount")
     (pki,) = [r for r in by_kind["Role"] if r["metadata"]["name"].endswith("-operator-pki")]
-    named = sorted(n for r in pki["rules"] for n in r.get("resourceNames", []))
+    named = sorted({n for r in pki["rules"] for n in r.get("resourceNames", [])})
     check(named == sorted([openv["ISTHMUS_CA_SECRET"], openv["ISTHMUS_SCRAPER_SECRET"], openv["ISTHMUS_CA_BUNDLE"]]),
           f"operator PKI Role names exactly its CA Secret, scraper Secret and bundle: {named}")
     for r in pki["rules"]:
         check(r["verbs"] == ["create"] or r.get("resourceNames"), f"operator PKI Role: {r} not limited to names")
+    watched = [r["resourceNames"] for r in pki["rules"] if "watch" in r["verbs"]]
+    check(watched == [[openv["ISTHMUS_CA_SECRET"]]], f"operator PKI Role: only the CA Secret is watched: {watched}")
 
     # No rendered Secret holds a CA's private key (it would sit in every Helm release revision).
     for secret in by_kind.get("Secret", []):

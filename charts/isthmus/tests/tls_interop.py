@@ -20,6 +20,9 @@ runs with exactly the chart's RBAC against the control-plane-only cluster of lin
    certificate through the operator, reads the CAs it trusts from the bundle ConfigMap through the API, and serves. The operator's identity (a client certificate from the CA, as the operator issues it in
    memory) gets 200 when dialling M's name and a refused handshake when dialling N's; the scraper's Secret reads
    /metrics and gets 403 elsewhere; a client certificate from another CA and none are refused in the handshake.
+4. The CA Secret deleted ([`replace_ca`]): a new CA at once, the old one trusted (retired) while agent pod N holds
+   a certificate from it, the running agent M served from the new CA within seconds, and the old CA no longer
+   trusted anywhere once pod N is gone.
 """
 import base64, json, os, shlex, signal, socket, subprocess, sys, time
 import yaml
@@ -124,6 +127,72 @@ def backlog(kubectl, ns, kubeconfig, work, env):
     return verify
 
 
+def replace_ca(t, ns, env, say, fail, call, client_cert, old_operator, agent_log):
+    """4. The CA Secret deleted, as an administrator replaces a leaked CA: a new CA signs at once; the old one stays
+    trusted (retired) while an agent pod still holds a certificate from it; the running agent asks for a new
+    certificate at once; the old CA is dropped once the last agent pod on it is gone."""
+    def get_json(kind, name):
+        r = t.kc("-n", ns, "get", kind, name, "-o", "json")
+        return json.loads(r.stdout) if r.returncode == 0 else None
+
+    def until(what, cond, timeout):
+        end = time.time() + timeout
+        while time.time() < end:
+            got = cond()
+            if got:
+                return got
+            time.sleep(0.5)
+        fail(f"{what}: not within {timeout} s; see {agent_log}")
+
+    old_ca = open(t.path("ca.crt"), "rb").read().decode()
+    # chart-lint-agent-s (the backlog's pod) holds no certificate worth waiting for here.
+    t.kc("-n", ns, "delete", "pod", "chart-lint-agent-s", "--wait=false")
+    r = t.kc("-n", ns, "delete", "secret", env["ISTHMUS_CA_SECRET"])
+    if r.returncode != 0:
+        fail(f"deleting the CA Secret: {r.stderr}")
+    started = time.time()
+
+    def replaced():
+        secret, bundle = get_json("secret", env["ISTHMUS_CA_SECRET"]), get_json("configmap", env["ISTHMUS_CA_BUNDLE"])
+        if not (secret and bundle):
+            return None
+        new_ca = base64.b64decode(secret["data"]["ca.crt"]).decode()
+        data = bundle.get("data", {})
+        if new_ca == old_ca or data.get("ca.crt") != new_ca + old_ca or data.get("retired.crt") != old_ca:
+            return None
+        return secret
+    secret = until("a new CA Secret, and a bundle trusting the new and the retired CA", replaced, 30)
+    for k in ("ca.crt", "ca.key"):
+        open(t.path(f"new-{k}"), "wb").write(base64.b64decode(secret["data"][k]))
+    if base64.b64decode(secret["data"]["retired.crt"]).decode() != old_ca:
+        fail("the new CA Secret does not keep the old CA's certificate as retired")
+    say(f"CA Secret deleted: a new CA in {time.time() - started:.1f} s; the bundle trusts it and the old one, retired")
+
+    new_operator = client_cert("operator-new", t.path("new-ca.crt"), t.path("new-ca.key"))
+    # Dialled trusting the new CA only: the handshake succeeds once the agent serves a certificate from it.
+    until("the agent serves a certificate from the new CA and accepts the operator's from it",
+          lambda: call("chart-lint-m", new_operator, cacert=t.path("new-ca.crt")) == "200", 60)
+    say(f"the running agent asked for a new certificate at once: served from the new CA {time.time() - started:.1f} s after the deletion")
+    bundle = get_json("configmap", env["ISTHMUS_CA_BUNDLE"])["data"]
+    if bundle.get("retired.crt") != old_ca:
+        fail("the old CA was dropped while chart-lint-agent-n still holds a certificate from it")
+    got = call("chart-lint-m", old_operator, cacert=t.path("new-ca.crt"))
+    if got != "200":
+        fail(f"the operator's identity from the retired CA, while an agent still holds a certificate from it: HTTP {got}")
+    say("while chart-lint-agent-n holds a certificate from the old CA, the old CA stays trusted (HTTP 200 with a client certificate from it)")
+
+    t.kc("-n", ns, "delete", "pod", "chart-lint-agent-n", "--wait=false")
+    gone = time.time()
+    until("the old CA dropped once no agent pod holds a certificate from it",
+          lambda: get_json("configmap", env["ISTHMUS_CA_BUNDLE"])["data"] == {"ca.crt": base64.b64decode(secret["data"]["ca.crt"]).decode()}
+          and "retired.crt" not in get_json("secret", env["ISTHMUS_CA_SECRET"])["data"], 40)
+    until("the agent refuses the retired CA's client certificate", lambda: call("chart-lint-m", old_operator, cacert=t.path("new-ca.crt")) == "000", 10)
+    got = call("chart-lint-m", new_operator, cacert=t.path("new-ca.crt"))
+    if got != "200":
+        fail(f"the operator's identity from the new CA after the hand-over: HTTP {got}")
+    say(f"chart-lint-agent-n gone: the old CA dropped {time.time() - gone:.1f} s later; the agent refuses a client certificate from it and accepts the new CA's")
+
+
 def check(kubectl, ns, kubeconfig, work, env, agent_bin):
     t = Interop(kubectl, ns, kubeconfig, work, env)
     fail = lambda msg: sys.exit(f"tls-interop: {msg}")
@@ -226,9 +295,9 @@ def check(kubectl, ns, kubeconfig, work, env, agent_bin):
         else:
             fail(f"agent not ready after 60 s (no certificate?); see {log.name}")
 
-        def call(as_node, cert=None, path="/v1/capabilities"):
+        def call(as_node, cert=None, path="/v1/capabilities", cacert=t.path("bundle.crt")):
             host = dns(as_node)
-            cmd = ["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "5", "--cacert", t.path("bundle.crt"),
+            cmd = ["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "5", "--cacert", cacert,
                    "--resolve", f"{host}:{api}:127.0.0.1", f"https://{host}:{api}{path}"]
             if cert:
                 cmd += ["--cert", cert[0], "--key", cert[1]]
@@ -251,6 +320,7 @@ def check(kubectl, ns, kubeconfig, work, env, agent_bin):
         if "subject name" not in calls[1]:
             fail(f"dialling chart-lint-n: curl did not refuse the certificate's name: {calls[1]}")
         say(f"dialling chart-lint-n: {calls[1].strip()}")
+        replace_ca(t, ns, env, say, fail, call, client_cert, operator, log.name)
     finally:
         agent.send_signal(signal.SIGTERM)
         try:

@@ -26,12 +26,16 @@ control_plane_up() { # API_HOST [--no-scheduler]
   mv "$CLUSTER_DIR/kubeconfig.tmp" "$CLUSTER_DIR/kubeconfig"
   wait_for "kube-apiserver /readyz" 90 kube-apiserver kc get --raw /readyz
   log "kube-apiserver ready on https://$api_host:$API_PORT"
-  local cm=$CLUSTER_DIR/controller-manager.kubeconfig node_cidrs=()
+  local cm=$CLUSTER_DIR/controller-manager.kubeconfig node_cidrs=() controllers='*'
   [ -n "$scheduler" ] || node_cidrs=(--allocate-node-cidrs=true --cluster-cidr="$CLUSTER_CIDR" --node-cidr-mask-size=24)
+  # Without nodes (control-plane-only), tests make pod objects as a DaemonSet would on the nodes they name; the
+  # DaemonSet controller would delete those (their nodes do not exist) and the pod garbage collector remove them,
+  # at a moment of their choosing, under a test reading them.
+  [ -z "$scheduler" ] || controllers='*,-daemonset,-podgc'
   # --secure-port=0: neither controller-manager nor scheduler opens a listening socket.
   start_bg kube-controller-manager "$K8S_BIN/kube-controller-manager" \
     --kubeconfig="$cm" --authentication-kubeconfig="$cm" --authorization-kubeconfig="$cm" \
-    --secure-port=0 --leader-elect=false --controllers='*' \
+    --secure-port=0 --leader-elect=false --controllers="$controllers" \
     --service-account-private-key-file="$PKI/sa.key" --root-ca-file="$PKI/ca.crt" \
     --use-service-account-credentials=true --service-cluster-ip-range="$SERVICE_CIDR" "${node_cidrs[@]}"
   if [ -z "$scheduler" ]; then

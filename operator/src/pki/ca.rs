@@ -1,6 +1,7 @@
 //! The isthmus CA as data: one or two authorities (the newest first; the previous one only while a rotation
-//! hands over), how they are written into the CA Secret, which one signs, when to rotate, and the
-//! certificates they issue. No I/O: the clock is an argument.
+//! hands over) and the retired ones (replaced when the CA Secret was deleted), how they are written into the CA
+//! Secret, which one signs, when to rotate, when to stop trusting a retired one, and the certificates they
+//! issue. No I/O: the clock is an argument.
 
 use std::time::Duration;
 
@@ -88,11 +89,24 @@ impl Authority {
         self.key.serialize_pem()
     }
 
+    fn copy(&self) -> Result<Self, PkiError> {
+        Self::parse(&self.pem, &self.key_pem())
+    }
+
     /// A leaf certificate signed by this CA for `params` (its validity capped at the CA's).
     fn sign(&self, mut params: CertificateParams, public_key: &impl rcgen::PublicKeyData) -> Result<String, PkiError> {
         params.not_after = params.not_after.min(self.not_after);
         params.use_authority_key_identifier_extension = true;
         params.signed_by(public_key, &self.issuer, &self.key).map(|c| c.pem()).map_err(PkiError::Sign)
+    }
+}
+
+impl Retired {
+    fn parse(pem: &str) -> Option<Self> {
+        let der = CertificateDer::from_pem_slice(pem.as_bytes()).ok()?;
+        let (_, cert) = x509_parser::parse_x509_certificate(&der).ok()?;
+        let not_after = OffsetDateTime::from_unix_timestamp(cert.validity().not_after.timestamp()).ok()?;
+        Some(Self { pem: pem.trim_end().to_owned() + "\n", not_after })
     }
 }
 
@@ -103,23 +117,51 @@ fn x509_public_key(der: &CertificateDer<'_>) -> Option<Vec<u8>> {
     Some(cert.public_key().subject_public_key.data.to_vec())
 }
 
-/// The CAs in force, newest first (at most two: the previous one while it hands over).
+/// The CAs in force, newest first (at most two: the previous one while it hands over), and the retired ones.
 #[derive(Debug)]
 pub struct CaSet {
     authorities: Vec<Authority>,
+    /// CAs replaced without a hand-over (their Secret was deleted, keys and all): still trusted, so that agents
+    /// holding certificates from them stay reachable, but never signing, and dropped once every agent holds a
+    /// certificate from the CAs in force ([`CaSet::settle`]).
+    retired: Vec<Retired>,
 }
 
-/// The CA Secret's keys: every CA certificate and every CA key, PEM, in the same order (newest first).
+/// A retired CA: its certificate only (the key went with the Secret).
+#[derive(Debug, Clone)]
+struct Retired {
+    pem: String,
+    not_after: OffsetDateTime,
+}
+
+/// The CA Secret's keys: every CA certificate and every CA key, PEM, in the same order (newest first), and the
+/// retired CAs' certificates (absent while there are none). The bundle ConfigMap publishes the retired ones
+/// under the same key, so that an agent holding a certificate from one of them asks for a new one at once.
 pub const SECRET_CERTS: &str = "ca.crt";
 pub const SECRET_KEYS: &str = "ca.key";
+pub const SECRET_RETIRED: &str = "retired.crt";
 
 impl CaSet {
     pub fn new(first: Authority) -> Self {
-        Self { authorities: vec![first] }
+        Self { authorities: vec![first], retired: Vec::new() }
     }
 
-    /// From the Secret's two PEM strings; certificates and keys pair up in order.
-    pub fn from_pem(certs: &str, keys: &str) -> Result<Self, PkiError> {
+    /// A new CA replacing those whose certificates `trusted_before` holds (PEM; what the bundle published),
+    /// their keys gone: it signs at once, and they stay trusted as retired ones (the expired ones dropped).
+    pub fn replacing(trusted_before: &str, now: OffsetDateTime, validity: Duration) -> Result<Self, PkiError> {
+        let mut set = Self::new(Authority::generate(now, validity)?);
+        for pem in pem_blocks(trusted_before, "CERTIFICATE") {
+            // An unreadable block cannot verify anything: leaving it out loses nothing.
+            let Some(retired) = Retired::parse(&pem) else { continue };
+            if retired.not_after > now && !set.retired.iter().any(|r| r.pem == retired.pem) {
+                set.retired.push(retired);
+            }
+        }
+        Ok(set)
+    }
+
+    /// From the Secret's PEM strings; certificates and keys pair up in order; `retired` is absent without any.
+    pub fn from_pem(certs: &str, keys: &str, retired: Option<&str>) -> Result<Self, PkiError> {
         let cert_blocks = pem_blocks(certs, "CERTIFICATE");
         let key_blocks = pem_blocks(keys, "PRIVATE KEY");
         if cert_blocks.is_empty() || cert_blocks.len() != key_blocks.len() {
@@ -131,7 +173,11 @@ impl CaSet {
         }
         let authorities =
             cert_blocks.iter().zip(&key_blocks).map(|(c, k)| Authority::parse(c, k)).collect::<Result<Vec<_>, _>>()?;
-        Ok(Self { authorities })
+        let retired = pem_blocks(retired.unwrap_or_default(), "CERTIFICATE")
+            .iter()
+            .map(|pem| Retired::parse(pem).ok_or_else(|| PkiError::Stored(format!("{SECRET_RETIRED}: unreadable"))))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self { authorities, retired })
     }
 
     /// The Secret's contents: (certificates, keys).
@@ -141,19 +187,57 @@ impl CaSet {
         (certs, keys)
     }
 
-    /// Every CA certificate in force: what agents and the operator trust (the ConfigMap's `ca.crt`).
+    /// The retired CAs' certificates (the Secret's and the bundle's `retired.crt`), None without any.
+    pub fn retired_pem(&self) -> Option<String> {
+        (!self.retired.is_empty()).then(|| self.retired.iter().map(|r| r.pem.as_str()).collect())
+    }
+
+    /// Every CA certificate trusted, retired ones included: what agents and the operator trust (the
+    /// ConfigMap's `ca.crt`).
     pub fn bundle(&self) -> String {
-        self.authorities.iter().map(Authority::pem).collect()
+        self.authorities.iter().map(Authority::pem).chain(self.retired.iter().map(|r| r.pem.as_str())).collect()
     }
 
     pub fn roots(&self) -> Result<rustls::RootCertStore, PkiError> {
         let mut roots = rustls::RootCertStore::empty();
-        for authority in &self.authorities {
-            let der = CertificateDer::from_pem_slice(authority.pem.as_bytes())
-                .map_err(|e| PkiError::Stored(format!("CA certificate: {e}")))?;
+        for der in certificates(&self.bundle())? {
             roots.add(der).map_err(|e| PkiError::Stored(format!("CA certificate: {e}")))?;
         }
         Ok(roots)
+    }
+
+    /// Whether `cert_pem` is a serving certificate for `dns_name` from a CA in force (not a retired one).
+    pub fn issued_in_force(&self, cert_pem: &str, dns_name: &str) -> bool {
+        let in_force: String = self.authorities.iter().map(Authority::pem).collect();
+        certificates(cert_pem)
+            .ok()
+            .and_then(|c| c.into_iter().next())
+            .is_some_and(|leaf| isthmus_agent_api::tls::serves_under(&leaf, &in_force, dns_name))
+    }
+
+    /// The set without its retired CAs once they are no longer needed, or None while they are (or there are
+    /// none): when `every_agent_moved` to the CAs in force, or once no certificate a retired CA issued can
+    /// still be valid (it was issued before the newest CA existed, for at most `leaf_validity`), which covers
+    /// agents whose requests the API server has already cleaned up.
+    pub fn settle(
+        &self,
+        now: OffsetDateTime,
+        leaf_validity: Duration,
+        every_agent_moved: bool,
+    ) -> Result<Option<Self>, PkiError> {
+        if self.retired.is_empty() {
+            return Ok(None);
+        }
+        let outlived = self.authorities[0].not_before + SKEW + leaf_validity <= now;
+        if !every_agent_moved && !outlived {
+            return Ok(None);
+        }
+        let authorities = self.authorities.iter().map(Authority::copy).collect::<Result<Vec<_>, _>>()?;
+        Ok(Some(Self { authorities, retired: Vec::new() }))
+    }
+
+    pub fn has_retired(&self) -> bool {
+        !self.retired.is_empty()
     }
 
     /// The CA that signs at `now`: the newest one once it has been published for [`PROPAGATION`], before that
@@ -175,7 +259,12 @@ impl CaSet {
     ) -> Result<Option<Self>, PkiError> {
         let newest = &self.authorities[0];
         let renew = newest.not_after - renew_before <= now;
-        let expired = self.authorities.iter().any(|a| a.not_after <= now);
+        let expired = self
+            .authorities
+            .iter()
+            .map(|a| a.not_after)
+            .chain(self.retired.iter().map(|r| r.not_after))
+            .any(|t| t <= now);
         if !renew && !expired {
             return Ok(None);
         }
@@ -185,10 +274,11 @@ impl CaSet {
         }
         for a in &self.authorities {
             if a.not_after > now && kept.len() < 2 {
-                kept.push(Authority::parse(&a.pem, &a.key_pem())?);
+                kept.push(a.copy()?);
             }
         }
-        Ok(Some(Self { authorities: kept }))
+        let retired = self.retired.iter().filter(|r| r.not_after > now).cloned().collect();
+        Ok(Some(Self { authorities: kept, retired }))
     }
 
     /// A client certificate for `identity` (its DNS SAN) with a fresh key: (certificate PEM, key PEM).
@@ -291,7 +381,7 @@ mod tests {
     fn a_ca_survives_the_secret_round_trip_and_signs_what_it_trusts() {
         let set = CaSet::new(Authority::generate(at(0), 365 * DAY).unwrap());
         let (certs, keys) = set.to_pem();
-        let back = CaSet::from_pem(&certs, &keys).unwrap();
+        let back = CaSet::from_pem(&certs, &keys, None).unwrap();
         assert_eq!(back.bundle(), set.bundle());
         let (cert, key) = back.issue_client("op.ns.serviceaccount.isthmus", at(1), DAY).unwrap();
         assert!(certificates(&cert).is_ok() && private_key(&key).is_ok());
@@ -307,10 +397,10 @@ mod tests {
         let a = Authority::generate(at(0), DAY).unwrap();
         let b = Authority::generate(at(0), DAY).unwrap();
         assert!(
-            matches!(CaSet::from_pem(a.pem(), &b.key_pem()), Err(PkiError::Stored(m)) if m.contains("does not belong"))
+            matches!(CaSet::from_pem(a.pem(), &b.key_pem(), None), Err(PkiError::Stored(m)) if m.contains("does not belong"))
         );
-        assert!(matches!(CaSet::from_pem(a.pem(), ""), Err(PkiError::Stored(m)) if m.contains("pair up")));
-        assert!(matches!(CaSet::from_pem("", ""), Err(PkiError::Stored(_))));
+        assert!(matches!(CaSet::from_pem(a.pem(), "", None), Err(PkiError::Stored(m)) if m.contains("pair up")));
+        assert!(matches!(CaSet::from_pem("", "", None), Err(PkiError::Stored(_))));
     }
 
     #[test]
@@ -332,6 +422,55 @@ mod tests {
         let der = certificates(&cert).unwrap().remove(0);
         let (_, parsed) = x509_parser::parse_x509_certificate(&der).unwrap();
         assert!(parsed.validity().not_after.timestamp() <= set.authorities[0].not_after.unix_timestamp());
+    }
+
+    fn serving(set: &CaSet, node: &str) -> String {
+        let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).unwrap();
+        let csr = CertificateParams::new(vec![node.to_owned()]).unwrap().serialize_request(&key).unwrap();
+        let public_key = rcgen::CertificateSigningRequestParams::from_der(csr.der()).unwrap().public_key;
+        set.sign_serving(&public_key, node, OffsetDateTime::now_utc(), DAY).unwrap()
+    }
+
+    /// The CA Secret deleted: a new CA signs at once, the old one stays trusted (retired, never signing) and
+    /// survives the Secret's round trip, and is dropped once every agent moved or its certificates expired.
+    #[test]
+    fn a_replaced_ca_stays_trusted_retired_until_every_agent_moved_or_its_certificates_expired() {
+        let now = OffsetDateTime::now_utc();
+        let old = CaSet::new(Authority::generate(now - 30 * DAY, 365 * DAY).unwrap());
+        let expired = Authority::generate(now - 400 * DAY, 365 * DAY).unwrap();
+        let trusted_before = format!("{}{}{}", old.bundle(), expired.pem(), old.bundle());
+        let new = CaSet::replacing(&trusted_before, now, 365 * DAY).unwrap();
+        assert_eq!(new.authorities.len(), 1);
+        assert_eq!(new.retired_pem().as_deref(), Some(old.bundle().as_str()), "once each, the expired one left out");
+        assert_eq!(new.bundle(), format!("{}{}", new.authorities[0].pem(), old.bundle()), "both trusted");
+        assert_eq!(new.roots().unwrap().len(), 2);
+        assert_eq!(new.signing(now).pem(), new.authorities[0].pem(), "a replacement signs at once");
+        let (certs, keys) = new.to_pem();
+        let back = CaSet::from_pem(&certs, &keys, new.retired_pem().as_deref()).unwrap();
+        assert_eq!(back.bundle(), new.bundle());
+        assert!(
+            CaSet::from_pem(&certs, &keys, Some("-----BEGIN CERTIFICATE-----\nAA==\n-----END CERTIFICATE-----\n"))
+                .is_err()
+        );
+
+        let from_old = serving(&old, "node-a.node.isthmus");
+        let from_new = serving(&new, "node-a.node.isthmus");
+        assert!(!new.issued_in_force(&from_old, "node-a.node.isthmus"), "from a retired CA");
+        assert!(new.issued_in_force(&from_new, "node-a.node.isthmus"));
+        assert!(!new.issued_in_force(&from_new, "node-b.node.isthmus"), "for another node");
+        assert!(!new.issued_in_force("garbage", "node-a.node.isthmus"));
+
+        assert!(new.settle(now, DAY, false).unwrap().is_none(), "an agent may still hold a certificate from it");
+        let moved = new.settle(now, DAY, true).unwrap().expect("every agent moved");
+        assert_eq!((moved.bundle(), moved.retired_pem()), (new.authorities[0].pem().to_owned(), None));
+        let later = now + DAY + SKEW + Duration::from_secs(1);
+        assert!(new.settle(later, DAY, false).unwrap().is_some(), "whatever it issued has expired");
+        assert!(moved.settle(later, DAY, true).unwrap().is_none(), "nothing retired: nothing to do");
+        // A rotation keeps a retired CA until it expires.
+        let rotated = new.rotate(now + 300 * DAY, 365 * DAY, 100 * DAY).unwrap().expect("due");
+        assert!(rotated.has_retired());
+        let pruned = new.rotate(now + 336 * DAY, 365 * DAY, DAY).unwrap().expect("the old CA expired");
+        assert!(!pruned.has_retired());
     }
 
     /// What the signer issues, checked by rustls as the operator's client checks it: node-a's certificate is

@@ -1,6 +1,7 @@
 //! The operator as the isthmus certificate authority.
 //!
 //! - [`ca`]: the CA as data (generation, rotation, issuing); pure.
+//! - [`handover`]: whether every agent has moved off the retired CAs (after the CA Secret was deleted); pure.
 //! - [`review`]: whether an agent's CertificateSigningRequest is approved; pure.
 //! - [`store`]: the CA Secret, the bundle ConfigMap, the operator's in-memory client certificate and the metrics
 //!   scraper's Secret.
@@ -14,6 +15,7 @@
 //! certificate for its own node and no other.
 
 pub mod ca;
+pub mod handover;
 pub mod review;
 pub mod signer;
 pub mod store;

@@ -35,7 +35,8 @@ impl SignerConfig {
         format!("system:serviceaccount:{}:{}", self.agent_namespace, self.agent_service_account)
     }
 
-    fn is_agent(&self, pod: &Pod) -> bool {
+    /// Whether `pod` is one of the agent DaemonSet's (its labels and its controller).
+    pub fn is_agent(&self, pod: &Pod) -> bool {
         let labels = pod.labels();
         let labelled = self.agent_labels.split(',').filter(|s| !s.is_empty()).all(|pair| {
             pair.split_once('=').is_some_and(|(k, v)| labels.get(k.trim()).map(String::as_str) == Some(v.trim()))
@@ -201,6 +202,10 @@ async fn handle(
                 source,
             })?;
             tracing::info!(csr = %name, %node, ?validity, "signed an agent's serving certificate");
+            // The agent may have been the last on a retired CA: the upkeep looks at once.
+            if pki.ca().has_retired() {
+                pki.wake();
+            }
         }
     }
     Ok(())

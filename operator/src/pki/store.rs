@@ -3,7 +3,7 @@
 //! client certificate (in memory only) and the metrics scraper's (a Secret the operator owns).
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use isthmus_agent_api::client::MemoryCredentials;
@@ -13,7 +13,9 @@ use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client};
 use time::OffsetDateTime;
 
-use super::ca::{Authority, CaSet, PkiError, SECRET_CERTS, SECRET_KEYS, certificates, private_key};
+use super::ca::{Authority, CaSet, PkiError, SECRET_CERTS, SECRET_KEYS, SECRET_RETIRED, certificates, private_key};
+use super::handover::agents_on_retired_cas;
+use super::signer::SignerConfig;
 
 /// Where the CA lives and what it issues.
 #[derive(Debug, Clone)]
@@ -33,8 +35,14 @@ pub struct PkiConfig {
     pub leaf_validity: Duration,
 }
 
-/// The bundle ConfigMap's key, which agents mount.
+/// How often the leader looks whether every agent has moved off the retired CAs, while some are.
+const HANDOVER_CHECK: Duration = Duration::from_secs(10);
+
+/// The bundle ConfigMap's key, which agents read: every CA they trust.
 pub const BUNDLE_KEY: &str = "ca.crt";
+/// The bundle ConfigMap's key for the retired CAs (also in [`BUNDLE_KEY`]), absent while there are none: an agent
+/// whose certificate comes from one of them asks for a new one at once.
+pub const BUNDLE_RETIRED_KEY: &str = "retired.crt";
 
 /// The CA as this replica last read it, and the operator's credentials issued from it.
 pub struct Pki {
@@ -43,6 +51,10 @@ pub struct Pki {
     pub credentials: Arc<MemoryCredentials>,
     /// When the operator's own certificate is to be re-issued.
     own_renew_at: RwLock<OffsetDateTime>,
+    /// Asks for a round of upkeep now (the signer, after signing while a retired CA waits for the agents).
+    wake: tokio::sync::Notify,
+    /// The agent pods last reported as holding a certificate from a retired CA (logged when it changes).
+    waiting_agents: Mutex<Vec<String>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -73,7 +85,14 @@ impl Pki {
             config,
             ca: RwLock::new(Arc::new(ca)),
             own_renew_at: RwLock::new(renew_at),
+            wake: tokio::sync::Notify::new(),
+            waiting_agents: Mutex::new(Vec::new()),
         }))
+    }
+
+    /// Asks for a round of upkeep now rather than at the next tick.
+    pub fn wake(&self) {
+        self.wake.notify_one();
     }
 
     pub fn ca(&self) -> Arc<CaSet> {
@@ -84,33 +103,49 @@ impl Pki {
         &self.config
     }
 
-    /// One round of upkeep: re-read the CA (another replica may have rotated it); as the leader, rotate it when
-    /// due and publish the bundle and the scraper's Secret; re-issue this replica's certificate when due or
-    /// when the trusted CAs changed.
-    pub async fn refresh(&self, client: &Client, leader: bool) -> Result<(), StoreError> {
+    /// One round of upkeep: re-read the CA (another replica may have rotated it; a deleted Secret is replaced
+    /// by a new CA, the ones trusted until then retired); as the leader, rotate it when due, stop trusting
+    /// retired CAs once no agent needs them (`agents` says which pods are agents) and publish the bundle and the
+    /// scraper's Secret; re-issue this replica's certificate when due or when the trusted CAs changed.
+    pub async fn refresh(&self, client: &Client, leader: bool, agents: &SignerConfig) -> Result<(), StoreError> {
         let secrets: Api<Secret> = Api::namespaced(client.clone(), &self.config.namespace);
         let name = &self.config.ca_secret;
         let mut stored = match secrets.get(name).await {
             Ok(s) => s,
             Err(kube::Error::Api(e)) if e.code == 404 => {
-                tracing::warn!(secret = %name, "the CA Secret is gone; creating a new CA");
-                create_ca(&secrets, &self.config).await?
+                let trusted = self.ca().bundle();
+                tracing::warn!(
+                    secret = %name,
+                    retired_cas = trusted.matches("BEGIN CERTIFICATE").count(),
+                    "the CA Secret is gone; a new CA signs from now on, and the CAs trusted until now stay trusted \
+                     until every agent holds a certificate from the new one"
+                );
+                create_ca(&secrets, &self.config, Some(&trusted)).await?
             }
             Err(source) => return Err(self.api_error("reading Secret", name, source)),
         };
         let mut ca = ca_of(&stored, &self.config)?;
         let now = now();
-        if leader && let Some(rotated) = ca.rotate(now, self.config.ca_validity, self.config.renew_before)? {
-            let (certs, keys) = rotated.to_pem();
-            stored.data = Some(secret_data(&certs, &keys));
-            match secrets.replace(name, &PostParams::default(), &stored).await {
-                Ok(_) => {
-                    tracing::info!(secret = %name, "rotated the CA (the bundle holds the old and the new one)");
-                    ca = rotated;
+        if leader
+            && let Some(rotated) = ca.rotate(now, self.config.ca_validity, self.config.renew_before)?
+            && self.store(&secrets, &mut stored, &rotated).await?
+        {
+            tracing::info!(secret = %name, "rotated the CA (the bundle holds the old and the new one)");
+            ca = rotated;
+        }
+        if leader && ca.has_retired() {
+            let waiting = agents_on_retired_cas(client, agents, &ca).await?;
+            if let Some(settled) = ca.settle(now, self.config.leaf_validity, waiting.is_empty())? {
+                if self.store(&secrets, &mut stored, &settled).await? {
+                    tracing::info!(secret = %name, "every agent holds a certificate from the CA in force; the retired CAs are no longer trusted");
+                    ca = settled;
                 }
-                // Someone else changed it meanwhile: the next round reads theirs.
-                Err(kube::Error::Api(e)) if e.code == 409 => {}
-                Err(source) => return Err(self.api_error("updating Secret", name, source)),
+            } else {
+                let mut logged = self.waiting_agents.lock().unwrap_or_else(|p| p.into_inner());
+                if *logged != waiting {
+                    tracing::warn!(secret = %name, agents = ?waiting, "the retired CAs stay trusted until these agent pods hold a certificate from the new one (or are deleted)");
+                    *logged = waiting;
+                }
             }
         }
         let changed = ca.bundle() != self.ca().bundle();
@@ -130,13 +165,31 @@ impl Pki {
         Ok(())
     }
 
+    /// Writes `ca` into the CA Secret `stored`; false when someone else changed it meanwhile (the next round
+    /// reads theirs).
+    async fn store(&self, secrets: &Api<Secret>, stored: &mut Secret, ca: &CaSet) -> Result<bool, StoreError> {
+        let name = &self.config.ca_secret;
+        stored.data = Some(secret_data(ca));
+        match secrets.replace(name, &PostParams::default(), stored).await {
+            Ok(replaced) => {
+                *stored = replaced;
+                Ok(true)
+            }
+            Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+            Err(source) => Err(self.api_error("updating Secret", name, source)),
+        }
+    }
+
     /// The bundle ConfigMap and the scraper's Secret, created or updated to match the CA.
     async fn publish(&self, client: &Client) -> Result<(), StoreError> {
         let ca = self.ca();
         let bundle = ca.bundle();
         let maps: Api<ConfigMap> = Api::namespaced(client.clone(), &self.config.namespace);
         let name = &self.config.bundle_configmap;
-        let data = BTreeMap::from([(BUNDLE_KEY.to_owned(), bundle.clone())]);
+        let mut data = BTreeMap::from([(BUNDLE_KEY.to_owned(), bundle.clone())]);
+        if let Some(retired) = ca.retired_pem() {
+            data.insert(BUNDLE_RETIRED_KEY.to_owned(), retired);
+        }
         match maps.get_opt(name).await.map_err(|e| self.api_error("reading ConfigMap", name, e))? {
             Some(map) if map.data.as_ref() == Some(&data) => {}
             Some(mut map) => {
@@ -212,29 +265,43 @@ impl Pki {
         }
     }
 
-    /// Upkeep every `interval` until `shutdown`.
+    /// Upkeep every `interval` until `shutdown`, and at once when the CA Secret is deleted or [`Pki::wake`] is
+    /// called.
     pub fn spawn_refresh(
         self: Arc<Self>,
         client: Client,
         leader: tokio::sync::watch::Receiver<bool>,
         mut shutdown: tokio::sync::watch::Receiver<bool>,
         interval: Duration,
+        agents: SignerConfig,
     ) -> tokio::task::JoinHandle<()> {
+        use futures::StreamExt;
+        use kube::runtime::{WatchStreamExt, watcher};
         tokio::spawn(async move {
-            let mut ticker = tokio::time::interval(interval);
-            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            // The first round at once (a new install publishes its bundle without waiting).
+            let mut pause = Duration::ZERO;
             let mut leader = leader;
+            let secrets: Api<Secret> = Api::namespaced(client.clone(), &self.config.namespace);
+            let only_ca = watcher::Config::default().fields(&format!("metadata.name={}", self.config.ca_secret));
+            let mut deletions = watcher(secrets, only_ca)
+                .default_backoff()
+                .filter(|e| std::future::ready(matches!(e, Ok(watcher::Event::Delete(_)))))
+                .boxed();
             loop {
                 tokio::select! {
-                    _ = ticker.tick() => {}
+                    _ = tokio::time::sleep(pause) => {}
                     // A new leader publishes at once.
                     r = leader.changed() => if r.is_err() { return },
+                    Some(_) = deletions.next() => {}
+                    _ = self.wake.notified() => {}
                     _ = shutdown.wait_for(|s| *s) => return,
                 }
                 let leads = *leader.borrow();
-                if let Err(e) = self.refresh(&client, leads).await {
+                if let Err(e) = self.refresh(&client, leads, &agents).await {
                     tracing::warn!(error = %e, "CA upkeep failed; retrying");
                 }
+                // While retired CAs wait for the agents, an agent pod that goes away can end the wait.
+                pause = if self.ca().has_retired() { interval.min(HANDOVER_CHECK) } else { interval };
             }
         })
     }
@@ -269,31 +336,55 @@ fn own_certificate(
     Ok(((ca.roots()?, certificates(&cert)?, private_key(&key)?), renew_at))
 }
 
+/// The CA Secret, created when absent: at installation with a new CA; when it was deleted, with a new CA that
+/// retires those the published bundle holds (the agents' certificates come from them).
 async fn ensure_ca(client: &Client, config: &PkiConfig) -> Result<CaSet, StoreError> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &config.namespace);
-    let api_error = |what, source| StoreError::Api {
+    let api_error = |what, name: &str, source| StoreError::Api {
         what,
         namespace: config.namespace.clone(),
-        name: config.ca_secret.clone(),
+        name: name.to_owned(),
         source: Box::new(source),
     };
-    let stored = match secrets.get_opt(&config.ca_secret).await.map_err(|e| api_error("reading Secret", e))? {
+    let stored = match secrets
+        .get_opt(&config.ca_secret)
+        .await
+        .map_err(|e| api_error("reading Secret", &config.ca_secret, e))?
+    {
         Some(s) => s,
-        None => create_ca(&secrets, config).await?,
+        None => {
+            let maps: Api<ConfigMap> = Api::namespaced(client.clone(), &config.namespace);
+            let published = maps
+                .get_opt(&config.bundle_configmap)
+                .await
+                .map_err(|e| api_error("reading ConfigMap", &config.bundle_configmap, e))?
+                .and_then(|m| m.data?.remove(BUNDLE_KEY));
+            if published.is_some() {
+                tracing::warn!(secret = %config.ca_secret, "the CA Secret is gone; a new CA signs from now on, and the published bundle's CAs stay trusted until every agent holds a certificate from the new one");
+            }
+            create_ca(&secrets, config, published.as_deref()).await?
+        }
     };
     ca_of(&stored, config)
 }
 
-/// Creates the CA Secret with a new CA; when another replica created it first, reads theirs.
-async fn create_ca(secrets: &Api<Secret>, config: &PkiConfig) -> Result<Secret, StoreError> {
+/// Creates the CA Secret with a new CA, retiring the CAs `trusted_before` holds (PEM); when another replica
+/// created it first, reads theirs.
+async fn create_ca(
+    secrets: &Api<Secret>,
+    config: &PkiConfig,
+    trusted_before: Option<&str>,
+) -> Result<Secret, StoreError> {
     let api_error = |what, source| StoreError::Api {
         what,
         namespace: config.namespace.clone(),
         name: config.ca_secret.clone(),
         source: Box::new(source),
     };
-    let ca = CaSet::new(Authority::generate(now(), config.ca_validity)?);
-    let (certs, keys) = ca.to_pem();
+    let ca = match trusted_before {
+        Some(trusted) => CaSet::replacing(trusted, now(), config.ca_validity)?,
+        None => CaSet::new(Authority::generate(now(), config.ca_validity)?),
+    };
     let secret = Secret {
         metadata: ObjectMeta {
             name: Some(config.ca_secret.clone()),
@@ -302,7 +393,7 @@ async fn create_ca(secrets: &Api<Secret>, config: &PkiConfig) -> Result<Secret, 
             ..Default::default()
         },
         type_: Some("Opaque".into()),
-        data: Some(secret_data(&certs, &keys)),
+        data: Some(secret_data(&ca)),
         ..Default::default()
     };
     match secrets.create(&PostParams::default(), &secret).await {
@@ -325,11 +416,16 @@ fn create_or_conflict<T>(result: Result<T, kube::Error>) -> Result<(), kube::Err
     }
 }
 
-fn secret_data(certs: &str, keys: &str) -> BTreeMap<String, ByteString> {
-    BTreeMap::from([
-        (SECRET_CERTS.to_owned(), ByteString(certs.as_bytes().to_vec())),
-        (SECRET_KEYS.to_owned(), ByteString(keys.as_bytes().to_vec())),
-    ])
+fn secret_data(ca: &CaSet) -> BTreeMap<String, ByteString> {
+    let (certs, keys) = ca.to_pem();
+    let mut data = BTreeMap::from([
+        (SECRET_CERTS.to_owned(), ByteString(certs.into_bytes())),
+        (SECRET_KEYS.to_owned(), ByteString(keys.into_bytes())),
+    ]);
+    if let Some(retired) = ca.retired_pem() {
+        data.insert(SECRET_RETIRED.to_owned(), ByteString(retired.into_bytes()));
+    }
+    data
 }
 
 fn ca_of(secret: &Secret, config: &PkiConfig) -> Result<CaSet, StoreError> {
@@ -338,5 +434,6 @@ fn ca_of(secret: &Secret, config: &PkiConfig) -> Result<CaSet, StoreError> {
             || StoreError::Missing { namespace: config.namespace.clone(), name: config.ca_secret.clone(), key },
         )
     };
-    Ok(CaSet::from_pem(&field(SECRET_CERTS)?, &field(SECRET_KEYS)?)?)
+    let retired = field(SECRET_RETIRED).ok();
+    Ok(CaSet::from_pem(&field(SECRET_CERTS)?, &field(SECRET_KEYS)?, retired.as_deref())?)
 }
