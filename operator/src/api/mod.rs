@@ -5,6 +5,7 @@ pub mod profile;
 pub mod quantity;
 pub mod resolve;
 pub mod schedule;
+pub mod selector;
 pub mod spec;
 pub mod status;
 pub mod stored;

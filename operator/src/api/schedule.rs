@@ -8,6 +8,13 @@ use serde::{Deserialize, Serialize};
 use super::quantity::{DurationValue, PercentValue};
 use super::spec::ImpairmentSpec;
 
+/// The shortest phase (the operator's schedule works in whole milliseconds), for CEL.
+macro_rules! phase_min {
+    () => {
+        "1ms"
+    };
+}
+
 /// The most phases a schedule lists.
 pub const MAX_SCHEDULE_PHASES: usize = 64;
 
@@ -57,6 +64,9 @@ pub enum ScheduleEnd {
 
 /// One phase of a schedule.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[x_kube(validation = Rule::new(concat!("duration(self.duration) >= duration('", phase_min!(), "')"))
+    .message(concat!("a phase lasts at least ", phase_min!()))
+    .field_path(".duration"))]
 #[serde(rename_all = "camelCase")]
 pub struct PhaseSpec {
     /// Shown in the status and in Events while the phase is in force; default `phase <n>` (from 1).
@@ -77,6 +87,12 @@ pub struct PhaseSpec {
 
 /// Up for `up`, down for `down`, repeated.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[x_kube(validation = Rule::new(concat!("duration(self.up) >= duration('", phase_min!(), "')"))
+    .message(concat!("a phase lasts at least ", phase_min!()))
+    .field_path(".up"))]
+#[x_kube(validation = Rule::new(concat!("duration(self.down) >= duration('", phase_min!(), "')"))
+    .message(concat!("a phase lasts at least ", phase_min!()))
+    .field_path(".down"))]
 #[serde(rename_all = "camelCase")]
 pub struct FlapSpec {
     /// How long the link stays up (its own impairment) each time.
@@ -139,6 +155,10 @@ pub enum RampDirection {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[x_kube(validation = Rule::new("has(self.uplink) || has(self.downlink)")
     .message("name the trace of at least one direction: uplink, downlink or both"))]
+// The operator's MIN_TRACE_WINDOW and MAX_TRACE_WINDOW (schedule/mod.rs).
+#[x_kube(validation = Rule::new("!has(self.window) || (duration(self.window) >= duration('10ms') && duration(self.window) <= duration('10s'))")
+    .message("a rate window lasts from 10ms to 10s")
+    .field_path(".window"))]
 #[serde(rename_all = "camelCase")]
 pub struct TraceSpec {
     /// The ConfigMap, in the link's namespace, that holds the traces.

@@ -42,6 +42,14 @@ fn burst_fits_profile(direction: &str, preset: fn(Profile) -> PresetDirection) -
     format!("!has(self.{direction}) || ({})", burst_fits(&format!("self.{direction}"), &rate, &has_rate))
 }
 
+/// Why a schedule may not change the `to → from` direction.
+macro_rules! one_way {
+    () => {
+        "the link does not shape to → from (it is one-way)"
+    };
+}
+const ONE_WAY: &str = one_way!();
+
 /// The reverse direction is in force (CEL): explicit `reverse`, `symmetric`, or a profile's downlink.
 macro_rules! cel_reverse_in_force {
     () => {
@@ -123,6 +131,18 @@ macro_rules! cel_reverse_in_force {
 #[x_kube(validation = Rule::new("!has(self.reverse) || !has(self.reverse.burst) || has(self.reverse.bandwidth) || has(self.profile)")
     .message("burst is the token bucket of a bandwidth limit, so it needs bandwidth (or a profile)")
     .field_path(".reverse.burst"))]
+#[x_kube(validation = Rule::new(concat!("!has(self.schedule) || !has(self.schedule.trace) || !has(self.schedule.trace.downlink) || ", cel_reverse_in_force!()))
+    .message(ONE_WAY)
+    .field_path(".schedule.trace.downlink"))]
+#[x_kube(validation = Rule::new(concat!("!has(self.schedule) || !has(self.schedule.ramp) || !has(self.schedule.ramp.direction) || self.schedule.ramp.direction != 'Reverse' || ", cel_reverse_in_force!()))
+    .message(ONE_WAY)
+    .field_path(".schedule.ramp.direction"))]
+#[x_kube(validation = Rule::new(concat!("!has(self.schedule) || !has(self.schedule.phases) || self.schedule.phases.all(p, !has(p.reverse)) || ", cel_reverse_in_force!()))
+    .message(concat!("a phase's reverse: ", one_way!()))
+    .field_path(".schedule.phases"))]
+#[x_kube(validation = Rule::new("!has(self.schedule) || !has(self.schedule.phases) || !(has(self.symmetric) && self.symmetric) || self.schedule.phases.all(p, !has(p.reverse))")
+    .message("a phase's reverse: on a symmetric link impairment changes both directions; leave reverse out")
+    .field_path(".schedule.phases"))]
 #[serde(rename_all = "camelCase")]
 pub struct NetworkLinkSpec {
     /// The sending pods, in this NetworkLink's namespace. Their egress towards `to` is impaired.
@@ -173,12 +193,13 @@ pub struct NetworkLinkSpec {
 pub struct FromSpec {
     /// Pods in this NetworkLink's namespace; `{}` selects all of them. Host-network pods are never impaired
     /// (they share the node's network); they are listed in the status instead.
+    #[schemars(schema_with = "super::selector::schema")]
     pub pod_selector: LabelSelector,
 }
 
 /// The destinations.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
-#[x_kube(validation = Rule::new("has(self.podSelector) || has(self.cidrs)")
+#[x_kube(validation = Rule::new("has(self.podSelector) || (has(self.cidrs) && size(self.cidrs) > 0)")
     .message("to needs a podSelector, cidrs, or both"))]
 #[x_kube(validation = Rule::new("!has(self.namespaceSelector) || has(self.podSelector)")
     .message("namespaceSelector chooses where podSelector looks, so it needs a podSelector")
@@ -188,10 +209,12 @@ pub struct ToSpec {
     /// Destination pods; `{}` selects all pods of the chosen namespaces. Each pod IP (IPv4 and IPv6) becomes a
     /// destination.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "super::selector::optional_schema")]
     pub pod_selector: Option<LabelSelector>,
     /// Namespaces in which `podSelector` looks; absent means this NetworkLink's namespace only. Not allowed
     /// together with a reverse direction.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "super::selector::optional_schema")]
     pub namespace_selector: Option<LabelSelector>,
     /// External destinations by network, e.g. `203.0.113.0/24` or `2001:db8::/32`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

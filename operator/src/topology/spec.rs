@@ -122,6 +122,7 @@ pub struct RegionSpec {
     /// The region's pods, in the topology's namespace (instead of `regionLabel`). A pod two regions select
     /// takes the links of both; the status counts it in both.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::api::selector::optional_schema")]
     pub pod_selector: Option<LabelSelector>,
     /// The dataset's region this one stands for, e.g. `westeurope`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -168,7 +169,7 @@ pub struct RoutingSpec {
     /// shortest latency, so it pays both legs (latencies and jitters add, losses compound, the smaller
     /// bandwidth wins). Links may then only join a hub with another region. Absent or empty: a full mesh.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 32))]
+    #[schemars(length(max = 32), inner(length(min = 1, max = 63)))]
     #[schemars(extend("x-kubernetes-list-type" = "set"))]
     pub hubs: Vec<String>,
 }
