@@ -186,13 +186,22 @@ fn selector(field: &str, s: &LabelSelector) -> Result<Selector, SpecError> {
     Selector::try_from(s.clone()).map_err(|e| SpecError { field: field.to_owned(), message: e.to_string() })
 }
 
-/// A selector as `kubectl` prints one: `app=api,tier in (a,b)`; `(all)` when it selects everything.
+/// The most characters of a selector in `status.from` and `status.to` (a `kubectl get` column): a selector may
+/// hold 64 expressions of 64 values each, which would make the status hundreds of kilobytes.
+pub const MAX_SELECTOR_SUMMARY: usize = 100;
+
+/// A selector as `kubectl` prints one: `app=api,tier in (a,b)`; `(all)` when it selects everything; cut at
+/// [`MAX_SELECTOR_SUMMARY`] characters, ending in `…`.
 fn summarize(s: &LabelSelector) -> String {
-    match Selector::try_from(s.clone()) {
-        Ok(sel) if sel.selects_all() => "(all)".into(),
+    let full = match Selector::try_from(s.clone()) {
+        Ok(sel) if sel.selects_all() => return "(all)".into(),
         Ok(sel) => sel.to_string(),
-        Err(_) => "(invalid)".into(),
+        Err(_) => return "(invalid)".into(),
+    };
+    if full.chars().count() <= MAX_SELECTOR_SUMMARY {
+        return full;
     }
+    full.chars().take(MAX_SELECTOR_SUMMARY - 1).chain(['…']).collect()
 }
 
 impl LinkInfo {
@@ -310,5 +319,40 @@ impl Index {
         let mut labels = ns.labels().clone();
         labels.insert("kubernetes.io/metadata.name".into(), name.clone());
         (name, labels)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
+
+    use super::*;
+    use crate::api::selector::{MAX_LABEL_KEY, MAX_LABEL_VALUE, MAX_SELECTOR_TERMS};
+
+    #[test]
+    fn a_selector_summary_stays_short_whatever_the_selector_holds() {
+        let value = |i: usize| format!("{i:0>width$}", width = MAX_LABEL_VALUE);
+        let key = |i: usize| format!("{i:0>width$}", width = MAX_LABEL_KEY);
+        let largest = LabelSelector {
+            match_labels: Some((0..MAX_SELECTOR_TERMS).map(|i| (key(i), value(i))).collect()),
+            match_expressions: Some(
+                (0..MAX_SELECTOR_TERMS)
+                    .map(|i| LabelSelectorRequirement {
+                        key: key(i + MAX_SELECTOR_TERMS),
+                        operator: "In".into(),
+                        values: Some((0..MAX_SELECTOR_TERMS).map(value).collect()),
+                    })
+                    .collect(),
+            ),
+        };
+        let summary = summarize(&largest);
+        assert_eq!(summary.chars().count(), MAX_SELECTOR_SUMMARY);
+        assert!(summary.ends_with('…'));
+        let short = LabelSelector {
+            match_labels: Some([("app".to_owned(), "api".to_owned())].into()),
+            match_expressions: None,
+        };
+        assert_eq!(summarize(&short), "app=api");
+        assert_eq!(summarize(&LabelSelector::default()), "(all)");
     }
 }
