@@ -187,21 +187,20 @@ fn selector(field: &str, s: &LabelSelector) -> Result<Selector, SpecError> {
 }
 
 /// The most characters of a selector in `status.from` and `status.to` (a `kubectl get` column): a selector may
-/// hold 64 expressions of 64 values each, which would make the status hundreds of kilobytes.
+/// hold 64 expressions of 64 values each, which would make the status hundreds of kilobytes. `to` holds two
+/// selectors and a count of CIDRs, within [`crate::api::bounds::MAX_SUMMARY`].
 pub const MAX_SELECTOR_SUMMARY: usize = 100;
 
 /// A selector as `kubectl` prints one: `app=api,tier in (a,b)`; `(all)` when it selects everything; cut at
 /// [`MAX_SELECTOR_SUMMARY`] characters, ending in `…`.
 fn summarize(s: &LabelSelector) -> String {
-    let full = match Selector::try_from(s.clone()) {
+    let mut summary = match Selector::try_from(s.clone()) {
         Ok(sel) if sel.selects_all() => return "(all)".into(),
         Ok(sel) => sel.to_string(),
         Err(_) => return "(invalid)".into(),
     };
-    if full.chars().count() <= MAX_SELECTOR_SUMMARY {
-        return full;
-    }
-    full.chars().take(MAX_SELECTOR_SUMMARY - 1).chain(['…']).collect()
+    crate::api::bounds::cut(&mut summary, MAX_SELECTOR_SUMMARY);
+    summary
 }
 
 impl LinkInfo {

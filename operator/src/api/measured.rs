@@ -6,6 +6,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::bounds::{MAX_FIGURE, MAX_LABEL, cut_opt};
+
 /// Per direction, what the link's probes saw over the last window of every node that probes it.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -26,22 +28,28 @@ pub struct MeasuredStatus {
 pub struct DirectionMeasured {
     /// Median round trip of the answered probes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_FIGURE))]
     pub rtt_p50: Option<String>,
     /// 90th percentile round trip.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_FIGURE))]
     pub rtt_p90: Option<String>,
     /// Median round trip of the same destinations probed from the nodes themselves, without the impairment.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_FIGURE))]
     pub baseline_p50: Option<String>,
     /// What the configuration predicts: the baseline plus forward and reverse latency (and the probe's
     /// serialization at a configured bandwidth).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_FIGURE))]
     pub expected_rtt: Option<String>,
     /// Share of probes not answered within their timeout (a round trip: lost out or back).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_FIGURE))]
     pub loss: Option<String>,
     /// The 99 % confidence interval of `loss` for this many probes (Wilson score), e.g. `0.1%–1.2%`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_FIGURE))]
     pub loss_interval: Option<String>,
     /// Probes sent in the window (from inside the pods).
     #[serde(default)]
@@ -53,6 +61,7 @@ pub struct DirectionMeasured {
     pub pairs: u32,
     /// The window's length, e.g. `30s`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_FIGURE))]
     pub window: Option<String>,
     /// When the last answer arrived.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -63,7 +72,28 @@ pub struct DirectionMeasured {
     /// For a link that changes with time (`spec.schedule`): the phase the window was probed in, whose impairment
     /// it was judged against (docs/networklink.md#measured).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_LABEL))]
     pub phase: Option<String>,
+}
+
+impl MeasuredStatus {
+    /// Cuts every string to the bound the CRD declares for it.
+    pub fn bound(&mut self) {
+        for d in [&mut self.forward, &mut self.reverse].into_iter().flatten() {
+            for figure in [
+                &mut d.rtt_p50,
+                &mut d.rtt_p90,
+                &mut d.baseline_p50,
+                &mut d.expected_rtt,
+                &mut d.loss,
+                &mut d.loss_interval,
+                &mut d.window,
+            ] {
+                cut_opt(figure, MAX_FIGURE);
+            }
+            cut_opt(&mut d.phase, MAX_LABEL);
+        }
+    }
 }
 
 /// How round trips were probed (the agent's [`ProbeKind`], with a schema).

@@ -1,5 +1,6 @@
 //! The user-facing API: the `NetworkLink` resource, its units, presets and resolution into impairments.
 
+pub mod bounds;
 pub mod measured;
 pub mod profile;
 pub mod quantity;

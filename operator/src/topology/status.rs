@@ -8,6 +8,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::expand::{Expansion, TopologyError};
+use super::spec::{MAX_NAME as MAX_REGION_NAME, MAX_REGIONS};
+use crate::api::bounds::{MAX_FIGURE, MAX_SUMMARY, cut, cut_conditions, cut_opt};
 use crate::api::{NetworkLinkStatus, format_duration};
 use crate::units::parse_duration;
 
@@ -20,12 +22,15 @@ pub struct NetworkTopologyStatus {
     pub observed_generation: Option<i64>,
     /// `Ready`: every NetworkLink of the topology exists as specified and is Ready itself.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "crate::api::bounds::conditions_schema")]
     pub conditions: Vec<Condition>,
     /// Regions and pods, for `kubectl get`: `3 regions, 12 pods`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_SUMMARY))]
     pub summary: Option<String>,
     /// Each region with its running pods.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_REGIONS))]
     pub regions: Vec<RegionStatus>,
     /// NetworkLinks the topology owns.
     #[serde(default)]
@@ -46,6 +51,7 @@ pub struct NetworkTopologyStatus {
     /// The round trip between every ordered pair of regions: one row per `from` region, one cell per `to`
     /// region in the order of `regions` (`kubectl isthmus matrix` prints it as a table).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_REGIONS))]
     pub matrix: Vec<MatrixRow>,
 }
 
@@ -53,6 +59,7 @@ pub struct NetworkTopologyStatus {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RegionStatus {
+    #[schemars(length(max = MAX_REGION_NAME))]
     pub name: String,
     /// Running pods in the region (host-network pods are never shaped and not counted).
     #[schemars(range(max = 4294967295_u32))]
@@ -63,12 +70,36 @@ pub struct RegionStatus {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MatrixRow {
+    #[schemars(length(max = MAX_REGION_NAME))]
     pub from: String,
     /// The configured round trip to each region (out with `from → to`, back with `to → from`), e.g. `80ms`.
+    #[schemars(length(max = MAX_REGIONS), inner(length(max = MAX_FIGURE)))]
     pub configured: Vec<String>,
     /// The median round trip the link `from → to` measured (its probes' `rttP50`, network included), `-`
     /// where nothing is measured (yet).
+    #[schemars(length(max = MAX_REGIONS), inner(length(max = MAX_FIGURE)))]
     pub measured: Vec<String>,
+}
+
+impl NetworkTopologyStatus {
+    /// Cuts every string and list to the bound the CRD declares for it (crate::api::bounds): a condition may
+    /// quote a child's condition or the API server's answer.
+    pub fn bound(&mut self) {
+        cut_conditions(&mut self.conditions);
+        cut_opt(&mut self.summary, MAX_SUMMARY);
+        self.regions.truncate(MAX_REGIONS);
+        for r in &mut self.regions {
+            cut(&mut r.name, MAX_REGION_NAME);
+        }
+        self.matrix.truncate(MAX_REGIONS);
+        for row in &mut self.matrix {
+            cut(&mut row.from, MAX_REGION_NAME);
+            for cells in [&mut row.configured, &mut row.measured] {
+                cells.truncate(MAX_REGIONS);
+                cells.iter_mut().for_each(|c| cut(c, MAX_FIGURE));
+            }
+        }
+    }
 }
 
 pub const READY: &str = "Ready";
@@ -150,6 +181,7 @@ pub fn topology_status(input: &StatusInput<'_>) -> NetworkTopologyStatus {
             _ => input.now.clone(),
         },
     }];
+    status.bound();
     status
 }
 
@@ -251,138 +283,5 @@ pub fn cell_duration(cell: &str) -> Option<std::time::Duration> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::api::measured::{DirectionMeasured, MeasuredStatus};
-    use crate::topology::spec::{DEFAULT_PRIORITY, NetworkTopologySpec, RegionSpec};
-
-    fn expansion() -> Expansion {
-        let spec = NetworkTopologySpec {
-            region_label: Some("r".into()),
-            regions: ["eu", "us"]
-                .map(|n| RegionSpec { name: n.into(), pod_selector: None, dataset_region: None })
-                .to_vec(),
-            dataset: None,
-            default: Some(crate::api::ImpairmentSpec { latency: Some("40ms".into()), ..Default::default() }),
-            intra_region: None,
-            links: vec![],
-            routing: None,
-            priority: DEFAULT_PRIORITY,
-            verify: None,
-        };
-        crate::topology::expand("w", &spec).unwrap()
-    }
-
-    fn child(ready: bool, sources: u32, rtt: Option<&str>) -> ChildState {
-        let cond = Condition {
-            type_: READY.into(),
-            status: if ready { "True" } else { "False" }.into(),
-            reason: if ready { "Applied" } else { "Failed" }.into(),
-            message: "m".into(),
-            observed_generation: Some(1),
-            last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
-        };
-        let measured = rtt.map(|r| MeasuredStatus {
-            forward: Some(DirectionMeasured { rtt_p50: Some(r.into()), ..Default::default() }),
-            reverse: None,
-        });
-        let status = NetworkLinkStatus {
-            observed_generation: Some(1),
-            conditions: vec![cond],
-            source_pods: sources,
-            pairs_applied: if ready { 2 } else { 0 },
-            pairs_failed: if ready { 0 } else { 2 },
-            measured,
-            ..Default::default()
-        };
-        ChildState { in_sync: true, status: Some(status), generation: Some(1) }
-    }
-
-    fn status_of(
-        children: &BTreeMap<String, ChildState>,
-        taken: &[String],
-        refused: &[(String, String)],
-    ) -> NetworkTopologyStatus {
-        let exp = expansion();
-        let now = Time(k8s_openapi::jiff::Timestamp::from_second(100).unwrap());
-        topology_status(&StatusInput {
-            generation: Some(2),
-            expansion: Ok(&exp),
-            children,
-            taken,
-            refused,
-            previous: None,
-            now: &now,
-        })
-    }
-
-    fn reason(s: &NetworkTopologyStatus) -> (&str, &str) {
-        (s.conditions[0].status.as_str(), s.conditions[0].reason.as_str())
-    }
-
-    #[test]
-    fn ready_when_every_link_is_with_counts_and_the_matrix() {
-        let mut children = BTreeMap::new();
-        children.insert("w.eu.eu".into(), child(true, 3, Some("0.4ms")));
-        children.insert("w.eu.us".into(), child(true, 3, Some("80.9ms")));
-        children.insert("w.us.eu".into(), child(true, 2, None));
-        children.insert("w.us.us".into(), child(true, 2, None));
-        let s = status_of(&children, &[], &[]);
-        assert_eq!(reason(&s), ("True", "Applied"));
-        assert_eq!(s.observed_generation, Some(2));
-        assert_eq!(s.summary.as_deref(), Some("2 regions, 5 pods"));
-        assert_eq!((s.links, s.links_ready, s.pairs_applied, s.pairs_failed), (4, 4, 8, 0));
-        assert_eq!(s.matrix[0].configured, ["0", "80ms"]);
-        assert_eq!(s.matrix[0].measured, ["0.4ms", "80.9ms"]);
-        assert_eq!(s.matrix[1].measured, ["-", "-"]);
-        assert_eq!(cell_duration("80.9ms"), Some(std::time::Duration::from_micros(80_900)));
-        assert_eq!(cell_duration("-"), None);
-    }
-
-    #[test]
-    fn not_ready_says_which_link_and_why() {
-        let mut children = BTreeMap::new();
-        for name in ["w.eu.eu", "w.us.eu", "w.us.us"] {
-            children.insert(name.into(), child(true, 1, None));
-        }
-        let s = status_of(&children, &[], &[]);
-        assert_eq!(reason(&s), ("False", "Pending"));
-        assert!(s.conditions[0].message.contains("1 of 4 links still to write"), "{:?}", s.conditions[0]);
-        children.insert("w.eu.us".into(), child(false, 1, None));
-        let s = status_of(&children, &[], &[]);
-        assert_eq!(reason(&s), ("False", "LinksNotReady"));
-        assert!(s.conditions[0].message.contains("w.eu.us: Failed: m"), "{:?}", s.conditions[0]);
-        children.get_mut("w.eu.us").unwrap().generation = Some(2);
-        children.get_mut("w.eu.us").unwrap().status.as_mut().unwrap().pairs_failed = 0;
-        let s = status_of(&children, &[], &[]);
-        assert_eq!(reason(&s), ("False", "Pending"), "a status of an older generation is not Ready");
-        let s = status_of(&children, &["w.eu.us".into()], &[]);
-        assert_eq!(reason(&s), ("False", "NameTaken"));
-        let s = status_of(&children, &[], &[("w.eu.us".into(), "denied".into())]);
-        assert_eq!(reason(&s), ("False", "LinkRefused"));
-        assert!(s.conditions[0].message.contains("w.eu.us: denied"));
-    }
-
-    #[test]
-    fn an_invalid_spec_names_the_field_and_keeps_transition_times() {
-        let err = TopologyError { field: "spec.links[0]".into(), message: "no".into() };
-        let now = Time(k8s_openapi::jiff::Timestamp::from_second(100).unwrap());
-        let none = BTreeMap::new();
-        let input = |previous| StatusInput {
-            generation: Some(3),
-            expansion: Err(&err),
-            children: &none,
-            taken: &[],
-            refused: &[],
-            previous,
-            now: &now,
-        };
-        let s = topology_status(&input(None));
-        assert_eq!(reason(&s), ("False", "InvalidSpec"));
-        assert_eq!(s.conditions[0].message, "spec.links[0]: no");
-        let mut earlier = s.clone();
-        earlier.conditions[0].last_transition_time = Time(k8s_openapi::jiff::Timestamp::from_second(7).unwrap());
-        let again = topology_status(&input(Some(&earlier)));
-        assert_eq!(again.conditions[0].last_transition_time, earlier.conditions[0].last_transition_time);
-    }
-}
+#[path = "status_tests.rs"]
+mod tests;

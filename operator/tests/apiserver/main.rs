@@ -12,6 +12,7 @@
 
 mod representable;
 mod schema_values;
+mod status_bounds;
 
 use std::time::Duration;
 
@@ -295,31 +296,8 @@ fn valid_cases() -> Vec<(&'static str, Value)> {
 
 async fn client_and_namespace() -> (Client, String) {
     let client = Client::try_default().await.expect("a kubeconfig (KUBECONFIG) for a running kube-apiserver");
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    crds.patch(
-        "networklinks.isthmus.dev",
-        &PatchParams::apply(MANAGER).force(),
-        &Patch::Apply(isthmus_operator::api::crd()),
-    )
-    .await
-    .expect("the generated CRD installs (its CEL rules compile within the cost budget)");
-    // The CRD is served once Established. Usually well under a second; the bound is for a loaded machine, and
-    // running on without it would fail every test below with a confusing 404.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let crd = crds.get("networklinks.isthmus.dev").await.unwrap();
-        let established = crd
-            .status
-            .and_then(|s| s.conditions)
-            .unwrap_or_default()
-            .iter()
-            .any(|c| c.type_ == "Established" && c.status == "True");
-        if established {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "the NetworkLink CRD is not Established after 60 s");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    install(&client, isthmus_operator::api::crd()).await;
+    install(&client, isthmus_operator::topology::crd()).await;
     let ns = format!("nl-it-{}", std::process::id());
     let namespaces: Api<Namespace> = Api::all(client.clone());
     let mut obj = Namespace::default();
@@ -330,6 +308,32 @@ async fn client_and_namespace() -> (Client, String) {
         Err(e) => panic!("creating namespace {ns}: {e}"),
     }
     (client, ns)
+}
+
+/// Installs `crd` and waits until it is served.
+async fn install(client: &Client, crd: CustomResourceDefinition) {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let name = crd.metadata.name.clone().expect("a CRD has a name");
+    crds.patch(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(crd)).await.unwrap_or_else(|e| {
+        panic!("the generated CRD {name} installs (its CEL rules compile within the cost budget): {e}")
+    });
+    // The CRD is served once Established. Usually well under a second; the bound is for a loaded machine, and
+    // running on without it would fail every test below with a confusing 404.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let crd = crds.get(&name).await.unwrap();
+        let established = crd
+            .status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True");
+        if established {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{name} is not Established after 60 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 fn manifest(ns: &str, name: &str, spec: &Value) -> DynamicObject {

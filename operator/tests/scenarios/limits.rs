@@ -1,12 +1,17 @@
 //! The plan limits through the whole controller: a link selecting every pod of the cluster is refused with
 //! `TooManyDestinations` (status and Event) and reaches no agent, while another namespace's link on the same node
-//! becomes `Ready`.
+//! becomes `Ready`. And the status bounds: an agent's message past the CRD's bound is cut, written once.
 
+use std::time::Duration;
+
+use isthmus_agent_api::PodErrorKind;
+use isthmus_operator::api::bounds::MAX_MESSAGE;
 use isthmus_operator::controller::watch::Update;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::runtime::watcher::Event;
 use serde_json::json;
 
+use super::apiserver::Write;
 use super::harness::{Scenario, dispatch};
 use super::{NO_RESYNC, events, support};
 
@@ -74,5 +79,36 @@ async fn a_link_over_the_limit_is_refused_and_another_namespaces_link_becomes_re
     let planned: Vec<(&str, &str, usize)> =
         plan.pods.iter().map(|p| (p.namespace.as_str(), p.name.as_str(), p.destinations.len())).collect();
     assert_eq!(planned, [("tenant", "client", 10)], "the refused link reaches no agent");
+    s.stop().await;
+}
+
+/// An agent's message longer than the CRD admits (a kernel's extended ack quoting a long name, say) is cut to
+/// the bound in the failure and in the Degraded condition, and the cut status is written once, not again at every
+/// resync (the uncut one would differ from the server's forever).
+#[tokio::test]
+async fn an_agent_message_past_the_bound_is_cut_and_written_once() {
+    let s = Scenario::synced(dispatch(Duration::from_millis(200))).await;
+    let agent = s.node_with_agent("n1", "10.255.0.1").await;
+    let long = "netns net:[4026532] interface eth0: ".to_owned() + &"é".repeat(3 * MAX_MESSAGE);
+    s.agents.fail_pod(agent, "client", PodErrorKind::KernelUnsupported, &long);
+    s.send(pod_in(super::NS, "client", "client", "10.0.0.1")).await;
+    s.send(pod_in(super::NS, "server", "server", "10.0.0.2")).await;
+    s.create(&support::link_object(super::NS, "wan", 1_700_000_000, support::spec("client", "server", 40))).await;
+
+    let key = format!("{}/wan", super::NS);
+    let status = s
+        .eventually("the failure in the status", || s.api.link(&key)?.status.filter(|st| !st.failures.is_empty()))
+        .await;
+    let message = &status.failures[0].message;
+    assert_eq!(message.chars().count(), MAX_MESSAGE, "cut to the bound");
+    assert!(message.starts_with("netns net:[4026532] interface eth0: é") && message.ends_with('…'), "{message}");
+    let degraded = status.conditions.iter().find(|c| c.type_ == "Degraded").expect("a Degraded condition");
+    assert_eq!(degraded.message.chars().count(), MAX_MESSAGE);
+
+    let writes = || s.api.writes().iter().filter(|w| matches!(w, Write::Status { link, .. } if *link == key)).count();
+    let before = writes();
+    // Ten resyncs: each sends the plan again and gets the same long message back.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(writes(), before, "the same cut status written again");
     s.stop().await;
 }

@@ -116,6 +116,8 @@ impl Controller {
             self.with_measured(&key, &mut new, previous.as_ref(), progress.get(&key), &now);
             new.schedule =
                 self.planner.link_timeline(&key).map(|t| schedule_status(t, self.status.position(&key, t, now_ms)));
+            // Cut before comparing: what the server holds is already cut, and an uncut status would differ forever.
+            new.bound();
             let Some(meta) = self.links.get(&key) else { continue };
             if Some(&new) == meta.status.as_ref() || self.status.queued.get(&key) == Some(&new) {
                 continue;
