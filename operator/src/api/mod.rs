@@ -4,6 +4,7 @@ pub mod bounds;
 pub mod measured;
 pub mod profile;
 pub mod quantity;
+pub mod ramp_rules;
 pub mod resolve;
 pub mod schedule;
 pub mod selector;

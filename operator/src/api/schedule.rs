@@ -93,6 +93,10 @@ pub struct PhaseSpec {
 #[x_kube(validation = Rule::new(concat!("duration(self.down) >= duration('", phase_min!(), "')"))
     .message(concat!("a phase lasts at least ", phase_min!()))
     .field_path(".down"))]
+// The agent API's MAX_JITTER_PERCENT.
+#[x_kube(validation = Rule::new("!has(self.jitter) || double(self.jitter.find('^[0-9.]+')) < 90.0")
+    .message("a jitter stretches a phase by less than 90%")
+    .field_path(".jitter"))]
 #[serde(rename_all = "camelCase")]
 pub struct FlapSpec {
     /// How long the link stays up (its own impairment) each time.
@@ -116,6 +120,21 @@ pub struct FlapSpec {
 /// `field` from `from` to `to` over `over`, in steps of `step`: each value holds for an equal share of `over`,
 /// and `to` is reached at the end.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[x_kube(validation = Rule::new(super::ramp_rules::values_in_unit("from"))
+    .message(super::ramp_rules::VALUES_IN_UNIT)
+    .field_path(".from"))]
+#[x_kube(validation = Rule::new(super::ramp_rules::values_in_unit("to"))
+    .message(super::ramp_rules::VALUES_IN_UNIT)
+    .field_path(".to"))]
+#[x_kube(validation = Rule::new(super::ramp_rules::values_in_unit("step"))
+    .message(super::ramp_rules::VALUES_IN_UNIT)
+    .field_path(".step"))]
+#[x_kube(validation = Rule::new(super::ramp_rules::step_count())
+    .message(super::ramp_rules::STEP_COUNT)
+    .field_path(".step"))]
+#[x_kube(validation = Rule::new(super::ramp_rules::step_length())
+    .message(super::ramp_rules::STEP_LENGTH)
+    .field_path(".over"))]
 #[serde(rename_all = "camelCase")]
 pub struct RampSpec {
     pub field: RampField,

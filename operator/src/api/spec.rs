@@ -57,6 +57,9 @@ macro_rules! cel_reverse_in_force {
     };
 }
 
+/// [`cel_reverse_in_force`] for code outside the attributes.
+pub const CEL_REVERSE_IN_FORCE: &str = cel_reverse_in_force!();
+
 /// How the network behaves between two groups of pods: `from` pods sending to `to` destinations get
 /// `impairment` (one way); the other direction gets `reverse`, the same impairment (`symmetric`), or a
 /// profile's downlink. Latency is one way: a request and its answer see the forward plus the reverse latency
@@ -143,6 +146,15 @@ macro_rules! cel_reverse_in_force {
 #[x_kube(validation = Rule::new("!has(self.schedule) || !has(self.schedule.phases) || !(has(self.symmetric) && self.symmetric) || self.schedule.phases.all(p, !has(p.reverse))")
     .message("a phase's reverse: on a symmetric link impairment changes both directions; leave reverse out")
     .field_path(".schedule.phases"))]
+#[x_kube(validation = Rule::new(super::ramp_rules::latency_ramp_keeps_a_latency())
+    .message(super::ramp_rules::LATENCY_RAMP)
+    .field_path(".schedule.ramp"))]
+#[x_kube(validation = Rule::new(super::ramp_rules::jitter_ramp_fits())
+    .message(super::ramp_rules::JITTER_RAMP)
+    .field_path(".schedule.ramp"))]
+#[x_kube(validation = Rule::new(super::ramp_rules::bandwidth_ramp_fits_the_burst())
+    .message(super::ramp_rules::BANDWIDTH_RAMP)
+    .field_path(".schedule.ramp"))]
 #[serde(rename_all = "camelCase")]
 pub struct NetworkLinkSpec {
     /// The sending pods, in this NetworkLink's namespace. Their egress towards `to` is impaired.
