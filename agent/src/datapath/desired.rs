@@ -88,6 +88,12 @@ impl DesiredState {
         self.queue_bound
     }
 
+    /// The same state on an interface whose MTU is `mtu`: netem's packet limits and the largest packet a TBF
+    /// passes before netem follow the interface's frame (the datapath reads the MTU when it applies a state).
+    pub fn with_mtu(&self, mtu: u32) -> DesiredState {
+        DesiredState { destinations: self.destinations.clone(), queue_bound: self.queue_bound.with_mtu(mtu) }
+    }
+
     pub fn get(&self, destination: &IpNet) -> Option<&Impairment> {
         let index = self.destinations.binary_search_by(|(d, _)| d.cmp(destination)).ok()?;
         Some(&self.destinations[index].1)

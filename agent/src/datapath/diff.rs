@@ -628,6 +628,39 @@ mod tests {
         assert_installed_exactly(&k, &b);
     }
 
+    /// Trees installed before netem got a TBF ahead of it (netem on the class, a rate's TBF without a peak) are
+    /// rebuilt into today's on the agent's first reconcile after an upgrade.
+    #[test]
+    fn a_tree_from_before_the_gso_cut_is_rebuilt() {
+        let d = DesiredState::new([
+            (net("10.0.0.1/32"), with_latency(10, rate(10))),
+            (net("10.0.0.2/32"), with_latency(20, test_util::impairment(ImpairmentFields::default()))),
+        ])
+        .unwrap();
+        let slots = crate::datapath::handles::assign_slots(d.destinations().map(|(n, _)| n), &BTreeMap::new()).unwrap();
+        let unrated = slots[&net("10.0.0.2/32")];
+        let old: Vec<TcObject> = tree::build(&d, &slots)
+            .into_iter()
+            .filter(|o| !matches!(o, TcObject::Qdisc(q) if q.handle == unrated.tbf()))
+            .map(|o| match o {
+                TcObject::Qdisc(Qdisc { handle, parent, kind: QdiscKind::Tbf(t) }) => {
+                    TcObject::Qdisc(Qdisc { handle, parent, kind: QdiscKind::Tbf(Tbf { peak: None, ..t }) })
+                }
+                TcObject::Qdisc(q) if q.handle == unrated.netem() => {
+                    TcObject::Qdisc(Qdisc { parent: unrated.class(), ..q })
+                }
+                o => o,
+            })
+            .collect();
+        let mut k = SimKernel::default();
+        for o in &old {
+            k.apply(&Operation::Add(o.clone())).unwrap();
+        }
+        reconcile(&mut k, &d).unwrap();
+        assert_installed_exactly(&k, &d);
+        assert!(reconcile(&mut k, &d).unwrap().is_empty());
+    }
+
     #[test]
     fn removing_a_destination_deletes_its_filter_then_its_class_only() {
         let mut k = SimKernel::default();

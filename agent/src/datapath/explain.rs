@@ -21,7 +21,8 @@ impl Datapath {
     /// [`installed::root_state`] of a plain dump tells default from foreign, see [`Datapath::root_kind`]).
     pub async fn explain(&self, interface: &str, destination: IpAddr) -> Result<Option<InstalledPath>, DatapathError> {
         let Some((_, dump, ours)) = self.dump_isthmus_tree(interface).await? else { return Ok(None) };
-        Ok(Some(select(&ours, &dump.counters, destination)))
+        let (_, mtu) = self.link(interface).await?;
+        Ok(Some(select(&ours, &dump.counters, destination, mtu)))
     }
 
     /// The kind of a foreign root qdisc on `interface`, if there is one.
@@ -36,8 +37,9 @@ impl Datapath {
     }
 }
 
-/// The path of `destination` through an isthmus tree (`ours`, as [`installed::owned`] keeps it).
-pub fn select(ours: &[TcObject], counters: &[(Handle, Counters)], destination: IpAddr) -> InstalledPath {
+/// The path of `destination` through an isthmus tree (`ours`, as [`installed::owned`] keeps it) on an interface
+/// whose MTU is `mtu`.
+pub fn select(ours: &[TcObject], counters: &[(Handle, Counters)], destination: IpAddr, mtu: u32) -> InstalledPath {
     let entries = installed::installed_destinations(ours);
     let counters_of = |h: Handle| counters.iter().find(|(x, _)| *x == h).map(|(_, c)| *c);
     let describe = |o: &TcObject| describe(o, counters_of);
@@ -72,7 +74,7 @@ pub fn select(ours: &[TcObject], counters: &[(Handle, Counters)], destination: I
     };
     // The running agent's queue budget is not known here; the default's bound only decides whether the netem
     // limit reads back as an explicit `queueLimit`, and the netem object below states the limit either way.
-    let bound = QueueBudget::DEFAULT.bound(entries.len());
+    let bound = QueueBudget::DEFAULT.bound(entries.len()).with_mtu(mtu);
     let impairment = units::impairment_of(tbf_params, netem_params, bound).ok().map(Box::new);
     let objects = [filter, class, tbf, netem].into_iter().flatten().map(describe).collect();
     InstalledPath::Tc { destination: *dst, impairment, objects }
@@ -86,7 +88,12 @@ fn describe(o: &TcObject, counters_of: impl Fn(Handle) -> Option<Counters>) -> K
             handle: q.handle.to_string(),
             parent: q.parent.to_string(),
             detail: match &q.kind {
-                QdiscKind::Tbf(t) => format!("rate {} buffer {} ticks", rate(t.rate_bytes_per_sec), t.buffer_ticks),
+                QdiscKind::Tbf(t) => {
+                    let peak = t.peak.map_or(String::new(), |p| {
+                        format!(" peak {} mtu {} ticks", rate(p.rate_bytes_per_sec), p.mtu_ticks)
+                    });
+                    format!("rate {} buffer {} ticks{peak}", rate(t.rate_bytes_per_sec), t.buffer_ticks)
+                }
                 QdiscKind::Netem(n) => netem_detail(n),
                 QdiscKind::Htb(h) => format!("default {:x}", h.default_class),
                 QdiscKind::Foreign(_) => String::new(),
@@ -184,7 +191,7 @@ mod tests {
         let host = slots[&"10.0.0.9/32".parse::<IpNet>().unwrap()];
         let counters = vec![(host.netem(), Counters { packets: 7, drops: 1, ..Default::default() })];
         let InstalledPath::Tc { destination, impairment, objects } =
-            select(&objects, &counters, "10.0.0.9".parse().unwrap())
+            select(&objects, &counters, "10.0.0.9".parse().unwrap(), 1500)
         else {
             panic!("expected the tc path")
         };
@@ -195,6 +202,7 @@ mod tests {
         assert_eq!(objects[1].handle, host.class().to_string());
         assert_eq!(objects[0].detail, format!("flowid {}", host.class()));
         assert!(objects[2].detail.starts_with("rate 10000000bit/s"), "{}", objects[2].detail);
+        assert!(objects[2].detail.contains(" peak 100000000000bit/s"), "{}", objects[2].detail);
         assert!(objects[3].detail.contains("delay 40000us"), "{}", objects[3].detail);
         assert_eq!(objects[3].counters.map(|c| (c.packets, c.drops)), Some((7, 1)));
 
@@ -203,10 +211,20 @@ mod tests {
             &objects_of(&[("10.0.0.9/32", shaped), ("10.0.0.0/24", delay(5))]),
             &[],
             "10.0.0.77".parse().unwrap(),
+            1500,
         ) else {
             panic!("expected the tc path")
         };
         assert_eq!(destination.to_string(), "10.0.0.0/24");
+
+        // A delay alone: its TBF only cuts GSO packets, and reads back as no bandwidth.
+        let InstalledPath::Tc { impairment, objects, .. } =
+            select(&objects_of(&[("10.0.0.0/24", delay(5))]), &[], "10.0.0.77".parse().unwrap(), 1500)
+        else {
+            panic!("expected the tc path")
+        };
+        assert_eq!(impairment.unwrap().fields(), &delay(5));
+        assert_eq!(objects.iter().filter(|o| o.kind == "tbf qdisc").count(), 1);
     }
 
     fn objects_of(entries: &[(&str, ImpairmentFields)]) -> Vec<TcObject> {
@@ -216,7 +234,7 @@ mod tests {
     #[test]
     fn an_address_no_entry_holds_goes_to_the_default_class() {
         let objects = objects_of(&[("10.0.0.9/32", delay(40))]);
-        let InstalledPath::TcDefault { objects } = select(&objects, &[], "192.0.2.1".parse().unwrap()) else {
+        let InstalledPath::TcDefault { objects } = select(&objects, &[], "192.0.2.1".parse().unwrap(), 1500) else {
             panic!("expected the default path")
         };
         let handles: Vec<(&str, &str)> = objects.iter().map(|o| (o.kind.as_str(), o.handle.as_str())).collect();

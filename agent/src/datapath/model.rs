@@ -142,6 +142,16 @@ pub struct Tbf {
     pub buffer_ticks: u32,
     /// Byte limit of TBF's own fifo; ignored by the kernel once netem is TBF's child, still reported.
     pub limit_bytes: u32,
+    /// A second bucket of one packet at a higher rate: what caps TBF's largest packet (`max_size`) at a frame
+    /// while the main bucket is deeper, so that TBF segments GSO packets before its child queues them.
+    pub peak: Option<TbfPeak>,
+}
+
+/// TBF's peak rate and its bucket (`mtu`), as psched ticks at the peak rate; the kernel dumps only ticks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TbfPeak {
+    pub rate_bytes_per_sec: u64,
+    pub mtu_ticks: u32,
 }
 
 /// netem. Probabilities on the kernel's u32 scale (u32::MAX = 100 %); delays in nanoseconds.

@@ -8,8 +8,11 @@
 //! - the per-pod budget (one interface of one pod) is split evenly over the interface's destinations, so that
 //!   the destinations' queues together hold at most the per-pod budget — a fixed share, not first come first
 //!   served, so that one destination's traffic never takes another's queue away;
-//! - netem counts packets, not bytes: its limit is the bound divided by [`FRAME_BYTES`] (a full Ethernet frame),
-//!   at least one packet. A packet larger than a frame (a GSO super-packet) still counts as one.
+//! - netem counts packets, not bytes: its limit is the bound divided by the interface's full frame (its MTU plus
+//!   the Ethernet header; [`FRAME_BYTES`] until the interface is known), at least one packet. A packet larger than
+//!   a frame (a GSO super-packet, up to 64 KiB) would still count as one, so the tree puts a TBF whose largest
+//!   packet is a frame ahead of every netem: it cuts GSO packets into frames before netem counts them
+//!   (`tree.rs`).
 
 use super::handles::MAX_DESTINATIONS;
 
@@ -74,29 +77,43 @@ impl QueueBudget {
     /// per-destination budget or an even share of the per-pod one, whichever is smaller, at least one frame.
     pub fn bound(&self, destinations: usize) -> QueueBound {
         let share = self.per_pod / destinations.max(1) as u64;
-        QueueBound { bytes: self.per_destination.min(share).max(FRAME_BYTES) }
+        QueueBound { bytes: self.per_destination.min(share).max(FRAME_BYTES), frame: FRAME_BYTES }
     }
 }
 
-/// The most one destination's queues may hold.
+/// The most one destination's queues may hold, and the largest frame its interface sends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct QueueBound {
     bytes: u64,
+    frame: u64,
 }
 
 impl QueueBound {
     /// No bound beyond the kernel's field widths.
-    pub const UNBOUNDED: QueueBound = QueueBound { bytes: u64::MAX };
+    pub const UNBOUNDED: QueueBound = QueueBound { bytes: u64::MAX, frame: FRAME_BYTES };
 
     pub fn bytes(self) -> u64 {
         self.bytes
     }
 
+    /// The interface's full frame: its MTU plus the Ethernet header.
+    pub fn frame(self) -> u64 {
+        self.frame
+    }
+
+    /// The bound on an interface whose MTU is `mtu`.
+    pub fn with_mtu(self, mtu: u32) -> QueueBound {
+        QueueBound { frame: u64::from(mtu) + ETHERNET_HEADER_BYTES, ..self }
+    }
+
     /// netem's limit: the full frames that fit in the bound, at least one.
     pub fn packets(self) -> u32 {
-        (self.bytes / FRAME_BYTES).clamp(1, u64::from(u32::MAX)) as u32
+        (self.bytes / self.frame).clamp(1, u64::from(u32::MAX)) as u32
     }
 }
+
+/// What an Ethernet frame adds to the MTU (no VLAN tag: pods' interfaces carry none).
+pub const ETHERNET_HEADER_BYTES: u64 = 14;
 
 #[cfg(test)]
 mod tests {

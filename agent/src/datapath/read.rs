@@ -47,7 +47,8 @@ impl Datapath {
             })
         };
         let slots = installed::installed_destinations(&ours);
-        let bound = budget.bound(slots.len());
+        let (_, mtu) = self.link(interface).await?;
+        let bound = budget.bound(slots.len()).with_mtu(mtu);
         let destinations = slots.into_iter().map(|(dst, slot)| {
             let tbf = match qdisc(slot.tbf()) {
                 Some(QdiscKind::Tbf(t)) => Some(t),
@@ -61,7 +62,8 @@ impl Datapath {
             impairment.map(|i| (dst, i)).map_err(|e| DatapathError::invalid(Some(dst), e.field, e.reason))
         });
         let destinations: Result<Vec<_>, _> = destinations.collect();
-        destinations.and_then(|d| DesiredState::with_budget(d, budget)).map(Some).map_err(|e| DatapathError::Protocol {
+        let desired = destinations.and_then(|d| DesiredState::with_budget(d, budget)).map(|d| d.with_mtu(mtu));
+        desired.map(Some).map_err(|e| DatapathError::Protocol {
             place,
             message: format!("the installed tree does not read back as a valid desired state: {e}"),
         })

@@ -33,6 +33,7 @@ use futures::{StreamExt, TryStreamExt};
 use isthmus_agent_api::Counters;
 use netlink_packet_core::{NLM_F_DUMP, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload};
 use netlink_packet_route::RouteNetlinkMessage;
+use netlink_packet_route::link::LinkAttribute;
 use netlink_packet_route::tc::{TcHandle, TcMessage};
 use tokio::sync::Mutex;
 use tracing::{debug, info};
@@ -162,7 +163,8 @@ impl Datapath {
             return self.reconcile_from_dump(&mut records, interface, desired).await;
         };
         let place = self.place(interface);
-        let ifindex = self.ifindex(interface).await?;
+        let (ifindex, mtu) = self.link(interface).await?;
+        let desired = &desired.with_mtu(mtu);
         if ifindex != record.ifindex {
             debug!(netns = %self.netns.id(), interface, was = record.ifindex, now = ifindex, "interface replaced; reconciling from a dump");
             return self.reconcile_from_dump(&mut records, interface, desired).await;
@@ -200,7 +202,8 @@ impl Datapath {
     ) -> Result<ReconcileReport, DatapathError> {
         records.remove(interface);
         let place = self.place(interface);
-        let ifindex = self.ifindex(interface).await?;
+        let (ifindex, mtu) = self.link(interface).await?;
+        let desired = &desired.with_mtu(mtu);
         let dump = self.dump(&place, ifindex).await?;
         if let RootState::Foreign { kind, handle } = installed::root_state(&dump.objects) {
             if !desired.is_empty() {
@@ -237,11 +240,22 @@ impl Datapath {
 
     /// The interface's index, looked up over this namespace's socket (not the caller's namespace).
     pub(crate) async fn ifindex(&self, interface: &str) -> Result<u32, DatapathError> {
+        Ok(self.link(interface).await?.0)
+    }
+
+    /// The interface's index and MTU (1500 when the kernel reports none).
+    pub(crate) async fn link(&self, interface: &str) -> Result<(u32, u32), DatapathError> {
         let place = self.place(interface);
         let connection = self.connection().await?;
         let mut links = connection.handle.link().get().match_name(interface.to_owned()).execute();
         match links.try_next().await {
-            Ok(Some(link)) => Ok(link.header.index),
+            Ok(Some(link)) => {
+                let mtu = link.attributes.iter().find_map(|a| match a {
+                    LinkAttribute::Mtu(m) => Some(*m),
+                    _ => None,
+                });
+                Ok((link.header.index, mtu.unwrap_or(1500)))
+            }
             Ok(None) => Err(DatapathError::InterfaceNotFound { place }),
             Err(rtnetlink::Error::NetlinkError(e)) => {
                 let error = KernelError::from_error_message(&e, true);

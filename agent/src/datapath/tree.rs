@@ -5,8 +5,9 @@
 //! htb 1570: (default 1)
 //! ├── class 1570:1      rate = ceil = 100 Gbit/s            ← catch-all filter (protocol all, lowest priority)
 //! └── class 1570:1000+s rate = ceil = 100 Gbit/s            ← u32 filter on the destination address
-//!     └── tbf 2000+s:   (only with a rate)
-//!         └── netem 3000+s:  (only when the impairment needs netem; parent 2000+s:1 or the class)
+//!     └── tbf 2000+s:   (with a rate; with netem below it, a peak bucket of one frame; without a rate but
+//!         │                with netem, 100 Gbit/s and a bucket of one frame: it cuts GSO packets into frames)
+//!         └── netem 3000+s:  (only when the impairment needs netem; parent 2000+s:1)
 //! ```
 //! Classification: host destinations (/32, /128) sit in one u32 hash table per family, bucketed on the last
 //! address byte, so a packet visits one bucket instead of every filter. CIDR destinations are linear u32
@@ -24,7 +25,7 @@ use super::handles::{self, DEFAULT_CLASS, IPV4_HASH_TABLE, IPV6_HASH_TABLE, ROOT
 use super::model::*;
 use super::netlink::psched::PSCHED_SHIFT;
 use super::queue::QueueBound;
-use super::units::{netem_for, tbf_for};
+use super::units::{netem_for, tbf_buffer_ticks, tbf_for};
 
 /// Ceiling for classes that must not limit: far above any NIC or veth (a 10 Gbit/s ceiling was measured to
 /// cut a veth's unimpaired TCP to a quarter).
@@ -89,7 +90,14 @@ fn destination_chain(objects: &mut Vec<TcObject>, slot: Slot, impairment: &Impai
     let imp = impairment.fields();
     objects.push(TcObject::Class(unlimited_class(slot.class())));
     let mut netem_parent = slot.class();
-    if let Some(tbf) = tbf_for(imp, bound) {
+    // netem counts packets: a TBF ahead of it whose largest packet is a frame cuts GSO packets (up to 64 KiB
+    // each) into frames first (`tbf_segment`), so that netem's limit bounds bytes (queue.rs).
+    let tbf = match (tbf_for(imp, bound), imp.needs_netem()) {
+        (Some(tbf), true) => Some(Tbf { peak: Some(frame_peak(tbf.rate_bytes_per_sec, bound.frame())), ..tbf }),
+        (None, true) => Some(segmenting_tbf(bound)),
+        (tbf, false) => tbf,
+    };
+    if let Some(tbf) = tbf {
         objects.push(TcObject::Qdisc(Qdisc { handle: slot.tbf(), parent: slot.class(), kind: QdiscKind::Tbf(tbf) }));
         netem_parent = slot.tbf_inner();
     }
@@ -97,6 +105,39 @@ fn destination_chain(objects: &mut Vec<TcObject>, slot: Slot, impairment: &Impai
         let netem = QdiscKind::Netem(netem_for(imp, bound));
         objects.push(TcObject::Qdisc(Qdisc { handle: slot.netem(), parent: netem_parent, kind: netem }));
     }
+}
+
+/// The TBF ahead of a netem on a link without a rate: unlimited, its bucket one frame, so that its largest
+/// packet is a frame.
+pub fn segmenting_tbf(bound: QueueBound) -> Tbf {
+    Tbf {
+        rate_bytes_per_sec: UNLIMITED_BYTES_PER_SEC,
+        buffer_ticks: frame_ticks(UNLIMITED_BYTES_PER_SEC, bound.frame()),
+        limit_bytes: bound.bytes().min(u64::from(u32::MAX)) as u32,
+        peak: None,
+    }
+}
+
+/// Whether `tbf` is [`segmenting_tbf`]'s: no rate of the link's (a link's own bucket is at least 1,600 bytes, more
+/// than one tick at this rate holds).
+pub fn is_segmenting(tbf: &Tbf, bound: QueueBound) -> bool {
+    tbf.peak.is_none()
+        && tbf.rate_bytes_per_sec == UNLIMITED_BYTES_PER_SEC
+        && tbf.buffer_ticks == frame_ticks(UNLIMITED_BYTES_PER_SEC, bound.frame())
+}
+
+/// A peak bucket of one frame that caps the largest packet of a rate's TBF at a frame, at a peak rate no
+/// shaping notices: [`UNLIMITED_BYTES_PER_SEC`], or twice the rate above half of it (the kernel wants the peak
+/// above the rate).
+pub fn frame_peak(rate_bytes_per_sec: u64, frame: u64) -> TbfPeak {
+    let rate = UNLIMITED_BYTES_PER_SEC.max(rate_bytes_per_sec.saturating_mul(2));
+    TbfPeak { rate_bytes_per_sec: rate, mtu_ticks: frame_ticks(rate, frame) }
+}
+
+/// The ticks of a bucket of one frame at `rate`: the kernel's largest packet is the largest byte count with
+/// these ticks (`tbf_burst_for_ticks`), at least the frame.
+fn frame_ticks(rate_bytes_per_sec: u64, frame: u64) -> u32 {
+    u32::try_from(tbf_buffer_ticks(rate_bytes_per_sec, frame)).unwrap_or(u32::MAX)
 }
 
 /// One address family's host destinations: its hash table and the filter priority and offsets it uses.
@@ -294,6 +335,10 @@ mod tests {
 
     use isthmus_agent_api::ImpairmentFields;
     use isthmus_agent_api::test_util::impairment;
+    use proptest::prelude::*;
+
+    use crate::datapath::QueueBudget;
+    use crate::datapath::netlink::psched;
 
     use super::*;
 
@@ -345,7 +390,19 @@ mod tests {
         assert!(qdiscs.contains(&(s1.netem(), s1.tbf_inner(), "netem")));
         assert!(qdiscs.contains(&(s2.tbf(), s2.class(), "tbf")));
         assert!(!qdiscs.iter().any(|q| q.0 == s2.netem()), "rate-only needs no netem");
-        assert!(qdiscs.contains(&(s6.netem(), s6.class(), "netem")), "netem hangs on the class without a rate");
+        assert!(qdiscs.contains(&(s6.tbf(), s6.class(), "tbf")), "a TBF cuts GSO packets ahead of netem");
+        assert!(qdiscs.contains(&(s6.netem(), s6.tbf_inner(), "netem")));
+        let tbf_of = |s: Slot| {
+            objects.iter().find_map(|o| match o {
+                TcObject::Qdisc(Qdisc { handle, kind: QdiscKind::Tbf(t), .. }) if *handle == s.tbf() => Some(t.clone()),
+                _ => None,
+            })
+        };
+        let bound = d.queue_bound();
+        assert!(tbf_of(s1).unwrap().peak.is_some(), "a rate's TBF ahead of netem gets a peak bucket of one frame");
+        assert!(tbf_of(s2).unwrap().peak.is_none(), "without netem a TBF's queue counts bytes");
+        assert!(is_segmenting(&tbf_of(s6).unwrap(), bound));
+        assert!(!is_segmenting(&tbf_of(s1).unwrap(), bound) && !is_segmenting(&tbf_of(s2).unwrap(), bound));
 
         // Every parent appears before its child.
         let position = |h: Handle| {
@@ -370,6 +427,36 @@ mod tests {
         assert!(
             matches!(objects.last(), Some(TcObject::Filter(f)) if f.priority == CATCH_ALL_PRIORITY && f.protocol == ETH_P_ALL)
         );
+    }
+
+    proptest! {
+        /// The largest packet the kernel lets through a TBF ahead of netem (its bucket's byte count, or the
+        /// peak's when smaller: `tbf_change`) holds a frame and at most one tick of the rate more (800 bytes at
+        /// 100 Gbit/s), so full frames pass whole and GSO packets are cut into frames.
+        #[test]
+        fn the_tbf_ahead_of_netem_passes_one_frame_and_cuts_the_rest(
+            mtu in 576u32..=9216,
+            rate_bps in prop::option::of(100u64..=1_000_000_000_000),
+        ) {
+            let bound = QueueBudget::DEFAULT.bound(1).with_mtu(mtu);
+            let frame = bound.frame();
+            let (rate, ticks) = match rate_bps {
+                None => {
+                    let t = segmenting_tbf(bound);
+                    (t.rate_bytes_per_sec, t.buffer_ticks)
+                }
+                Some(bps) => {
+                    let rate = (bps / 8).max(1);
+                    let peak = frame_peak(rate, frame);
+                    prop_assert!(peak.rate_bytes_per_sec > rate, "the kernel refuses a peak not above the rate");
+                    (peak.rate_bytes_per_sec, peak.mtu_ticks)
+                }
+            };
+            let largest = u64::from(psched::tbf_burst_for_ticks(rate, ticks).unwrap());
+            let tick = (u128::from(rate) * 64).div_ceil(1_000_000_000) as u64;
+            prop_assert!(largest >= frame, "a full frame of {frame} bytes would be dropped: largest {largest}");
+            prop_assert!(largest <= frame + tick, "{largest} bytes pass whole: more than a frame ({frame}) and a tick ({tick})");
+        }
     }
 
     #[test]

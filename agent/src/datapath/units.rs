@@ -37,6 +37,7 @@ pub fn tbf_for(imp: &ImpairmentFields, bound: QueueBound) -> Option<Tbf> {
         // here keeps a miss from wrapping to a tiny bucket.
         buffer_ticks: u32::try_from(tbf_buffer_ticks(rate, burst)).unwrap_or(u32::MAX),
         limit_bytes: limit.min(bound.bytes()).min(u64::from(u32::MAX)) as u32,
+        peak: None,
     })
 }
 
@@ -155,7 +156,7 @@ pub fn impairment_of(
     bound: QueueBound,
 ) -> Result<Impairment, ImpairmentError> {
     let mut imp = ImpairmentFields::default();
-    if let Some(t) = tbf {
+    if let Some(t) = tbf.filter(|t| !super::tree::is_segmenting(t, bound)) {
         imp.rate_bps = Some(t.rate_bytes_per_sec * 8);
         let burst = tbf_burst_bytes(t.rate_bytes_per_sec, t.buffer_ticks);
         let default_ticks = tbf_buffer_ticks(t.rate_bytes_per_sec, burst_bytes(&imp));

@@ -81,6 +81,7 @@ mod tests {
             rate_bytes_per_sec,
             buffer_ticks: tbf_buffer_ticks(rate_bytes_per_sec, burst) as u32,
             limit_bytes: 0,
+            peak: None,
         };
         TokenBucket::new(&tbf, 0)
     }

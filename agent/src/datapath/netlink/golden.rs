@@ -155,7 +155,9 @@ fn assert_htb_class(name: &str, operation: Operation) {
 fn assert_tbf(name: &str, operation: Operation) {
     const PARMS: u16 = 1;
     const RTAB: u16 = 2;
+    const PTAB: u16 = 3;
     const BURST: u16 = 6;
+    const PBURST: u16 = 7;
     let (mut theirs, ours) = theirs_and_ours(name, &operation);
     assert_decodes_to(name, &theirs, object_of(&operation));
     let ours_options = attrs::parse("golden", &raw_options_of(tc_of(&ours)).unwrap())
@@ -163,27 +165,37 @@ fn assert_tbf(name: &str, operation: Operation) {
         .into_iter()
         .map(|(k, v)| (k, v.to_vec()))
         .collect::<Vec<_>>();
-    let our_burst = ours_options.iter().find(|(k, _)| *k == BURST).unwrap().1.clone();
-    let our_buffer = ours_options.iter().find(|(k, _)| *k == PARMS).unwrap().1[28..32].to_vec();
+    let ours_of = |kind: u16| ours_options.iter().find(|(k, _)| *k == kind).map(|(_, v)| v.clone());
+    let our_parms = ours_of(PARMS).unwrap();
     let TcObject::Qdisc(Qdisc { kind: QdiscKind::Tbf(tbf), .. }) = object_of(&operation) else { unreachable!() };
+    // iproute2 rounds a bucket's bytes down to what it computed; ours is the largest with the same ticks.
+    let bucket = |what: &str, rate: u64, theirs: &[u8], ours: &[u8]| {
+        let theirs = u32::from_ne_bytes(theirs.try_into().unwrap());
+        let ours = u32::from_ne_bytes(ours.try_into().unwrap());
+        assert!(ours >= theirs, "{name}: {what} {ours} < iproute2's {theirs}");
+        assert_eq!(psched::buffer_ticks(rate, ours), psched::buffer_ticks(rate, theirs), "{name}: {what}");
+    };
     edit_options(&mut theirs, |options| {
         let attributes = attrs::parse("golden", &options).unwrap();
         assert!(attrs::find(&attributes, RTAB).is_some());
         rebuild(&attributes, |kind, payload| match kind {
-            RTAB => None,
+            RTAB | PTAB => None,
             BURST => {
-                let theirs = u32::from_ne_bytes(payload.try_into().unwrap());
-                let ours = u32::from_ne_bytes(our_burst.as_slice().try_into().unwrap());
-                assert!(ours >= theirs, "{name}: burst {ours} < iproute2's {theirs}");
-                assert_eq!(
-                    psched::buffer_ticks(tbf.rate_bytes_per_sec, ours),
-                    psched::buffer_ticks(tbf.rate_bytes_per_sec, theirs)
-                );
-                Some(our_burst.clone())
+                bucket("burst", tbf.rate_bytes_per_sec, payload, &ours_of(BURST).unwrap());
+                ours_of(BURST)
+            }
+            PBURST => {
+                let peak = tbf.peak.expect("a peak burst only with a peak");
+                bucket("peak burst", peak.rate_bytes_per_sec, payload, &ours_of(PBURST).unwrap());
+                ours_of(PBURST)
             }
             PARMS => {
                 let mut qopt = without_rate_table_fields(payload.to_vec(), 0);
-                qopt[28..32].copy_from_slice(&our_buffer);
+                if tbf.peak.is_some() {
+                    qopt = without_rate_table_fields(qopt, 12);
+                }
+                // The buffer's and the peak bucket's ticks: ours are exact, iproute2's computed on its own.
+                qopt[28..36].copy_from_slice(&our_parms[28..36]);
                 Some(qopt)
             }
             _ => Some(payload.to_vec()),
@@ -320,8 +332,9 @@ fn htb_classes_match_without_rate_tables() {
 #[test]
 fn tbf_matches_with_the_kernels_ticks() {
     // 32 KiB at 100 Mbit/s: 2.62144 ms = 40960 ticks, as the kernel derives from TCA_TBF_BURST.
-    let tbf =
-        |rate, ticks, limit| QdiscKind::Tbf(Tbf { rate_bytes_per_sec: rate, buffer_ticks: ticks, limit_bytes: limit });
+    let tbf = |rate, ticks, limit| {
+        QdiscKind::Tbf(Tbf { rate_bytes_per_sec: rate, buffer_ticks: ticks, limit_bytes: limit, peak: None })
+    };
     assert_eq!(psched::buffer_ticks(12_500_000, 32_768), Some(40_960));
     assert_tbf(
         "tbf_add_100m",
@@ -331,6 +344,14 @@ fn tbf_matches_with_the_kernels_ticks() {
     assert_tbf(
         "tbf_add_40g",
         Operation::Add(qdisc(Handle::new(0x11, 0), Handle::new(1, 0x11), tbf(5_000_000_000, 3276, 1_000_000))),
+    );
+    // A peak of 100 Gbit/s (TCA_TBF_PRATE64) with a bucket of 1599 bytes: one tick of 64 ns.
+    let mut peaked = Tbf { rate_bytes_per_sec: 12_500_000, buffer_ticks: 40_960, limit_bytes: 100_000, peak: None };
+    peaked.peak = Some(TbfPeak { rate_bytes_per_sec: 12_500_000_000, mtu_ticks: 1 });
+    assert_eq!(psched::buffer_ticks(12_500_000_000, 1599), Some(1));
+    assert_tbf(
+        "tbf_add_peak",
+        Operation::Add(qdisc(Handle::new(0x10, 0), Handle::new(1, 0x10), QdiscKind::Tbf(peaked))),
     );
     assert_tbf(
         "tbf_change",
@@ -432,7 +453,7 @@ fn u32_filters_are_byte_identical() {
 
 #[test]
 fn deletes_are_byte_identical() {
-    let tbf = Tbf { rate_bytes_per_sec: 12_500_000, buffer_ticks: 40_960, limit_bytes: 100_000 };
+    let tbf = Tbf { rate_bytes_per_sec: 12_500_000, buffer_ticks: 40_960, limit_bytes: 100_000, peak: None };
     assert_exact(
         "qdisc_delete",
         Operation::Delete(qdisc(Handle::new(0x10, 0), Handle::new(1, 0x10), QdiscKind::Tbf(tbf))),

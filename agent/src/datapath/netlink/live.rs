@@ -210,6 +210,7 @@ fn tbf(major: u16, parent: Handle, rate: u64, burst: u32, limit: u32) -> Qdisc {
             rate_bytes_per_sec: rate,
             buffer_ticks: psched::buffer_ticks(rate, burst).unwrap(),
             limit_bytes: limit,
+            peak: None,
         }),
     }
 }
@@ -235,11 +236,22 @@ fn the_tree() -> (Vec<Qdisc>, Vec<Class>, Vec<Filter>) {
         tbf(0x10, Handle::new(1, 0x10), 12_500_000, 32_768, 100_000),
         // 40 Gbit/s: RATE64.
         tbf(0x11, Handle::new(1, 0x11), 5_000_000_000, 1 << 20, 1_000_000),
+        // A peak of 100 Gbit/s (PRATE64) with a bucket of one frame, as the tree caps TBF's largest packet.
+        {
+            let mut q = tbf(0x12, Handle::new(1, 0x12), 12_500_000, 32_768, 100_000);
+            let QdiscKind::Tbf(t) = &mut q.kind else { unreachable!() };
+            t.peak = Some(TbfPeak {
+                rate_bytes_per_sec: 12_500_000_000,
+                mtu_ticks: psched::buffer_ticks(12_500_000_000, 1514).unwrap(),
+            });
+            q
+        },
     ];
     let classes = vec![
         class(0x10, 125_000_000, 125_000_000, 15_000),
         // 40 and 50 Gbit/s: RATE64 and CEIL64.
         class(0x11, 5_000_000_000, 6_250_000_000, 1 << 20),
+        class(0x12, 125_000_000, 125_000_000, 15_000),
         class(0xffff, 12_500_000_000, 12_500_000_000, 1 << 20),
     ];
     let table = U32Filter {
@@ -437,6 +449,7 @@ fn kernel_tick_arithmetic_matches_psched() {
             rate_bytes_per_sec: bytes_per_sec,
             buffer_ticks: psched::buffer_ticks(bytes_per_sec, burst).unwrap(),
             limit_bytes: 10_000,
+            peak: None,
         };
         assert_eq!(tbf.kind, QdiscKind::Tbf(expected), "tbf rate {rate} burst {burst}");
     }

@@ -1,4 +1,5 @@
-//! TBF (`net/sched/sch_tbf.c`): `TCA_TBF_PARMS` + `TCA_TBF_BURST` (+ `TCA_TBF_RATE64`).
+//! TBF (`net/sched/sch_tbf.c`): `TCA_TBF_PARMS` + `TCA_TBF_BURST` (+ `TCA_TBF_RATE64`), and with a peak rate
+//! `TCA_TBF_PBURST` (+ `TCA_TBF_PRATE64`).
 //!
 //! The model holds the bucket as the psched ticks `tbf_dump` reports. The encoder sends those ticks in
 //! `qopt.buffer` *and* `TCA_TBF_BURST` = [`tbf_burst_for_ticks`]: the largest byte count the kernel turns back
@@ -9,15 +10,20 @@
 //!
 //! Decoding a message that carries `TCA_TBF_BURST` (an iproute2 request) yields the ticks the kernel will dump,
 //! computed with the kernel's arithmetic ([`buffer_ticks`]).
+//!
+//! The peak bucket works the same way: its ticks in `qopt.mtu` and `TCA_TBF_PBURST` = the largest byte count
+//! that gives them at the peak rate, which the kernel keeps as `max_size` when it is below the burst.
 
 use super::attrs::{self, u32_at};
 use super::psched::{buffer_ticks, tbf_burst_for_ticks};
 use super::{DecodeError, EncodeError, ratespec, ratespec_rate};
-use crate::datapath::model::Tbf;
+use crate::datapath::model::{Tbf, TbfPeak};
 
 const TCA_TBF_PARMS: u16 = 1;
 const TCA_TBF_RATE64: u16 = 4;
+const TCA_TBF_PRATE64: u16 = 5;
 const TCA_TBF_BURST: u16 = 6;
+const TCA_TBF_PBURST: u16 = 7;
 const TC_TBF_QOPT_LEN: usize = 36;
 
 pub(super) fn encode(tbf: &Tbf) -> Result<Vec<u8>, EncodeError> {
@@ -33,18 +39,50 @@ pub(super) fn encode(tbf: &Tbf) -> Result<Vec<u8>, EncodeError> {
             "no burst between 1 byte and 4 GiB gives these ticks at this rate",
         )
     })?;
+    let peak_burst = match tbf.peak {
+        None => None,
+        Some(peak) if peak.rate_bytes_per_sec <= tbf.rate_bytes_per_sec => {
+            return Err(EncodeError::out_of_range(
+                OBJECT,
+                "peak.rate_bytes_per_sec",
+                peak.rate_bytes_per_sec,
+                "the kernel refuses a peak rate not above the rate",
+            ));
+        }
+        Some(peak) => Some((
+            peak,
+            tbf_burst_for_ticks(peak.rate_bytes_per_sec, peak.mtu_ticks).ok_or_else(|| {
+                EncodeError::out_of_range(
+                    OBJECT,
+                    "peak.mtu_ticks",
+                    peak.mtu_ticks,
+                    "no bucket between 1 byte and 4 GiB gives these ticks at the peak rate",
+                )
+            })?,
+        )),
+    };
     let mut qopt = Vec::with_capacity(TC_TBF_QOPT_LEN);
     qopt.extend_from_slice(&ratespec(tbf.rate_bytes_per_sec));
-    qopt.extend_from_slice(&[0; 12]); // no peak rate
-    for field in [tbf.limit_bytes, tbf.buffer_ticks, 0 /* mtu: only with a peak rate */] {
+    match tbf.peak {
+        Some(peak) => qopt.extend_from_slice(&ratespec(peak.rate_bytes_per_sec)),
+        None => qopt.extend_from_slice(&[0; 12]),
+    }
+    let mtu_ticks = tbf.peak.map_or(0, |p| p.mtu_ticks);
+    for field in [tbf.limit_bytes, tbf.buffer_ticks, mtu_ticks] {
         qopt.extend_from_slice(&field.to_ne_bytes());
     }
-    // iproute2's order: parameters, burst, 64-bit rate.
+    // iproute2's order: parameters, burst, 64-bit rate, then the peak's 64-bit rate and burst.
     let mut out = Vec::new();
     attrs::push(&mut out, TCA_TBF_PARMS, &qopt);
     attrs::push_u32(&mut out, TCA_TBF_BURST, burst);
     if tbf.rate_bytes_per_sec > u64::from(u32::MAX) {
         attrs::push_u64(&mut out, TCA_TBF_RATE64, tbf.rate_bytes_per_sec);
+    }
+    if let Some((peak, peak_burst)) = peak_burst {
+        if peak.rate_bytes_per_sec > u64::from(u32::MAX) {
+            attrs::push_u64(&mut out, TCA_TBF_PRATE64, peak.rate_bytes_per_sec);
+        }
+        attrs::push_u32(&mut out, TCA_TBF_PBURST, peak_burst);
     }
     Ok(out)
 }
@@ -55,19 +93,27 @@ pub(super) fn decode(options: &[u8]) -> Result<Tbf, DecodeError> {
     let parms =
         attrs::find(&attrs, TCA_TBF_PARMS).ok_or(DecodeError::Missing { object: OBJECT, field: "TCA_TBF_PARMS" })?;
     let qopt = attrs::fixed::<TC_TBF_QOPT_LEN>(OBJECT, "TCA_TBF_PARMS", parms)?;
-    let rate64 =
-        attrs::find(&attrs, TCA_TBF_RATE64).map(|v| attrs::u64_attr(OBJECT, "TCA_TBF_RATE64", v)).transpose()?;
-    let rate = ratespec_rate(&qopt[0..12]).max(rate64.unwrap_or(0));
-    let buffer_ticks = match attrs::find(&attrs, TCA_TBF_BURST) {
-        Some(burst) => {
-            let burst = attrs::u32_attr(OBJECT, "TCA_TBF_BURST", burst)?;
-            buffer_ticks(rate, burst).ok_or(DecodeError::Unsupported {
-                object: OBJECT,
-                field: "TCA_TBF_BURST",
-                detail: format!("{burst} bytes at {rate} B/s exceed the kernel's 32-bit tick field"),
-            })?
-        }
-        None => u32_at(&qopt, 28),
+    // A bucket and its rate: the 32-bit rate of the ratespec at `spec`, or the 64-bit attribute; the ticks as
+    // dumped in `qopt`, or derived from the byte count of a request (an iproute2 message).
+    let bucket = |spec: usize, rate64: (u16, &'static str), bytes: (u16, &'static str), ticks_at: usize| {
+        let wide = attrs::find(&attrs, rate64.0).map(|v| attrs::u64_attr(OBJECT, rate64.1, v)).transpose()?;
+        let rate = ratespec_rate(&qopt[spec..spec + 12]).max(wide.unwrap_or(0));
+        let ticks = match attrs::find(&attrs, bytes.0) {
+            Some(b) => {
+                let b = attrs::u32_attr(OBJECT, bytes.1, b)?;
+                buffer_ticks(rate, b).ok_or(DecodeError::Unsupported {
+                    object: OBJECT,
+                    field: bytes.1,
+                    detail: format!("{b} bytes at {rate} B/s exceed the kernel's 32-bit tick field"),
+                })?
+            }
+            None => u32_at(&qopt, ticks_at),
+        };
+        Ok::<_, DecodeError>((rate, ticks))
     };
-    Ok(Tbf { rate_bytes_per_sec: rate, buffer_ticks, limit_bytes: u32_at(&qopt, 24) })
+    let (rate, bucket_ticks) = bucket(0, (TCA_TBF_RATE64, "TCA_TBF_RATE64"), (TCA_TBF_BURST, "TCA_TBF_BURST"), 28)?;
+    let (peak_rate, mtu_ticks) =
+        bucket(12, (TCA_TBF_PRATE64, "TCA_TBF_PRATE64"), (TCA_TBF_PBURST, "TCA_TBF_PBURST"), 32)?;
+    let peak = (peak_rate != 0).then_some(TbfPeak { rate_bytes_per_sec: peak_rate, mtu_ticks });
+    Ok(Tbf { rate_bytes_per_sec: rate, buffer_ticks: bucket_ticks, limit_bytes: u32_at(&qopt, 24), peak })
 }

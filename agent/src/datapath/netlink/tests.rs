@@ -72,7 +72,12 @@ pub(super) fn htb_class(minor: u16, rate: u64, ceil: u64) -> Class {
 }
 
 pub(super) fn tbf(rate: u64, burst: u32, limit: u32) -> Tbf {
-    Tbf { rate_bytes_per_sec: rate, buffer_ticks: psched::buffer_ticks(rate, burst).unwrap(), limit_bytes: limit }
+    Tbf {
+        rate_bytes_per_sec: rate,
+        buffer_ticks: psched::buffer_ticks(rate, burst).unwrap(),
+        limit_bytes: limit,
+        peak: None,
+    }
 }
 
 fn host_filter(ip: u32, class: u16) -> Filter {
@@ -226,7 +231,7 @@ fn encoder_refuses_values_the_kernel_would_alter() {
     h.quantum = 1;
     h.prio = 8;
     assert_eq!(field_of(&Operation::Change(TcObject::Class(class))), "prio");
-    let tiny = Tbf { rate_bytes_per_sec: 1, buffer_ticks: 0, limit_bytes: 1 };
+    let tiny = Tbf { rate_bytes_per_sec: 1, buffer_ticks: 0, limit_bytes: 1, peak: None };
     let op = Operation::Add(TcObject::Qdisc(Qdisc {
         handle: Handle::new(2, 0),
         parent: Handle::ROOT,
@@ -346,8 +351,9 @@ fn arb_qdisc() -> impl Strategy<Value = Qdisc> {
         (arb_rate(), 1_500u32..=50_000_000, any::<u32>()).prop_filter_map(
             "bucket fits",
             |(rate, burst, limit_bytes)| {
-                psched::buffer_ticks(rate, burst)
-                    .map(|buffer_ticks| QdiscKind::Tbf(Tbf { rate_bytes_per_sec: rate, buffer_ticks, limit_bytes }))
+                psched::buffer_ticks(rate, burst).map(|buffer_ticks| {
+                    QdiscKind::Tbf(Tbf { rate_bytes_per_sec: rate, buffer_ticks, limit_bytes, peak: None })
+                })
             }
         ),
         arb_netem().prop_map(QdiscKind::Netem),

@@ -8,6 +8,17 @@ use anyhow::bail;
 use super::set_int_opt;
 use crate::netns::{Link, SOURCE_ADDR};
 
+/// `linux/udp.h` (not in every libc target's bindings).
+const UDP_SEGMENT: i32 = 103;
+
+/// What a GSO sender hands the kernel: datagrams of `segments` × `segment` bytes that the stack keeps whole
+/// (`UDP_SEGMENT`) until a device or qdisc cuts them into `segment`-byte datagrams.
+#[derive(Debug, Clone, Copy)]
+pub struct Gso {
+    pub segment: u16,
+    pub segments: u16,
+}
+
 /// UDP datagrams of `payload` bytes from `a` to each of `destinations` in turn for `duration`, at most
 /// `max_packets` spread evenly over it (as fast as the sender can where it cannot keep up); nobody receives them. Returns the datagrams handed to the
 /// kernel (a qdisc's drop is not a send error for UDP). The socket never blocks and its send buffer is 64 MiB:
@@ -21,9 +32,37 @@ pub fn flood(
     duration: Duration,
     max_packets: u64,
 ) -> anyhow::Result<u64> {
-    let socket = link.a.enter(|| {
+    flood_with(link, destinations, port, payload, None, duration, max_packets)
+}
+
+/// [`flood`] by a GSO sender: each datagram is `gso.segments` datagrams of `gso.segment` bytes in one send.
+pub fn flood_gso(
+    link: &Link,
+    destinations: &[Ipv4Addr],
+    port: u16,
+    gso: Gso,
+    duration: Duration,
+    max_packets: u64,
+) -> anyhow::Result<u64> {
+    let payload = usize::from(gso.segment) * usize::from(gso.segments);
+    flood_with(link, destinations, port, payload, Some(gso), duration, max_packets)
+}
+
+fn flood_with(
+    link: &Link,
+    destinations: &[Ipv4Addr],
+    port: u16,
+    payload: usize,
+    gso: Option<Gso>,
+    duration: Duration,
+    max_packets: u64,
+) -> anyhow::Result<u64> {
+    let socket = link.a.enter(move || {
         let s = UdpSocket::bind(SocketAddrV4::new(SOURCE_ADDR, 0))?;
         set_int_opt(&s, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, 64 << 20)?;
+        if let Some(gso) = gso {
+            set_int_opt(&s, libc::SOL_UDP, UDP_SEGMENT, i32::from(gso.segment))?;
+        }
         s.set_nonblocking(true)?;
         Ok(s)
     })?;

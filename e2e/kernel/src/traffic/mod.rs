@@ -22,7 +22,7 @@ mod guest;
 mod stream;
 
 pub use bulk::Bulk;
-pub use flood::flood;
+pub use flood::{Gso, flood, flood_gso};
 pub use guest::{CpuTimes, backlog_drops};
 pub use stream::{Stream, StreamResult, StreamSpec, stream};
 

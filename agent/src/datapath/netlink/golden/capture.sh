@@ -34,6 +34,7 @@ capture htb_class_change class change dev v0 parent 1: classid 1:10 htb rate 100
 capture tbf_add_100m qdisc add dev v0 parent 1:10 handle 10: tbf rate 100mbit burst 32k limit 100000
 capture tbf_add_40g qdisc add dev v0 parent 1:11 handle 11: tbf rate 40gbit burst 1m limit 1000000
 capture tbf_change qdisc change dev v0 parent 1:10 handle 10: tbf rate 200mbit burst 32k limit 100000
+capture tbf_add_peak qdisc add dev v0 parent 1:10 handle 10: tbf rate 100mbit burst 32k limit 100000 peakrate 100gbit mtu 1599
 capture netem_delay_jitter_corr qdisc add dev v0 parent 10:1 handle 20: netem delay 50ms 5ms 25% limit 1000
 capture netem_loss_random qdisc add dev v0 parent 10:1 handle 20: netem loss random 1% 30% limit 1000
 capture netem_loss_gemodel qdisc add dev v0 parent 10:1 handle 20: netem loss gemodel 1% 10% 70% 0.1% limit 1000
