@@ -12,16 +12,16 @@ use isthmus_agent_api::schedule::MAX_PHASES;
 
 use crate::units;
 
-/// The ramp's values, read in the unit of its field (the ramp is `self`).
-pub fn values_in_unit(value: &str) -> String {
-    let v = format!("self.{value}");
+/// The ramp's `value`, read in the unit of its field.
+pub fn values_in_unit(ramp: &str, value: &str) -> String {
+    let v = format!("{ramp}.{value}");
     let time =
         format!("{v}.matches(r'{}') && duration({v}) <= duration('{}s')", units::DURATION_PATTERN, MAX_DELAY.as_secs());
     let percent = format!("{v}.matches(r'{}')", units::PERCENT_PATTERN);
     let bits = units::cel_rate_bits(&v);
     let rate =
         format!("{v}.matches(r'{}') && {bits} >= {:.1} && {bits} <= 1e12", units::RATE_PATTERN, units::MIN_RATE_BPS);
-    format!("self.field in ['Latency', 'Jitter'] ? {time} : self.field == 'Loss' ? {percent} : {rate}")
+    format!("{ramp}.field in ['Latency', 'Jitter'] ? {time} : {ramp}.field == 'Loss' ? {percent} : {rate}")
 }
 
 pub const VALUES_IN_UNIT: &str = "in the unit of field: a duration up to 3600s such as 10ms (Latency, Jitter), a percentage such as 0.5% (Loss), a rate from 100bit to 1000Gbit such as 10Mbit (Bandwidth)";
@@ -29,11 +29,7 @@ pub const VALUES_IN_UNIT: &str = "in the unit of field: a duration up to 3600s s
 /// Every value of the ramp reads in its unit: the guard of the rules below, which leave a value that does not
 /// to [`values_in_unit`]'s message.
 fn readable(ramp: &str) -> String {
-    ["from", "to", "step"]
-        .iter()
-        .map(|v| format!("({})", values_in_unit(v).replace("self.", &format!("{ramp}."))))
-        .collect::<Vec<_>>()
-        .join(" && ")
+    ["from", "to", "step"].iter().map(|v| format!("({})", values_in_unit(ramp, v))).collect::<Vec<_>>().join(" && ")
 }
 
 /// CEL for the whole units of `value` (an int): ns, 10⁻⁹ % or bit/s.

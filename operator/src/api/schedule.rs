@@ -120,13 +120,13 @@ pub struct FlapSpec {
 /// `field` from `from` to `to` over `over`, in steps of `step`: each value holds for an equal share of `over`,
 /// and `to` is reached at the end.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
-#[x_kube(validation = Rule::new(super::ramp_rules::values_in_unit("from"))
+#[x_kube(validation = Rule::new(super::ramp_rules::values_in_unit("self", "from"))
     .message(super::ramp_rules::VALUES_IN_UNIT)
     .field_path(".from"))]
-#[x_kube(validation = Rule::new(super::ramp_rules::values_in_unit("to"))
+#[x_kube(validation = Rule::new(super::ramp_rules::values_in_unit("self", "to"))
     .message(super::ramp_rules::VALUES_IN_UNIT)
     .field_path(".to"))]
-#[x_kube(validation = Rule::new(super::ramp_rules::values_in_unit("step"))
+#[x_kube(validation = Rule::new(super::ramp_rules::values_in_unit("self", "step"))
     .message(super::ramp_rules::VALUES_IN_UNIT)
     .field_path(".step"))]
 #[x_kube(validation = Rule::new(super::ramp_rules::step_count())

@@ -13,6 +13,7 @@
 mod cases;
 mod representable;
 mod schema_values;
+mod schema_walk;
 mod status_bounds;
 
 use std::time::Duration;

@@ -20,6 +20,8 @@ use kube::core::ApiResource;
 use proptest::prelude::*;
 use serde_json::{Value, json};
 
+use super::schema_walk::{Place, each_schema, each_value};
+
 /// The API server's limit on a request's body, and so on an object (etcd's own is about the same).
 const OBJECT_SIZE_LIMIT: usize = 3 * 1024 * 1024 / 2;
 
@@ -37,35 +39,24 @@ fn topology_schema() -> Value {
 }
 
 /// Paths of the strings, lists and maps in `schema` that have no bound.
-fn unbounded(schema: &Value, path: &str, out: &mut Vec<String>) {
-    for key in ["anyOf", "oneOf", "allOf"] {
-        for (i, s) in schema.get(key).and_then(Value::as_array).into_iter().flatten().enumerate() {
-            unbounded(s, &format!("{path}({key} {i})"), out);
+fn unbounded(schema: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    each_schema(schema, "", &mut |schema, path| {
+        let has = |k: &str| schema.get(k).is_some();
+        let unbounded = match schema.get("type").and_then(Value::as_str) {
+            // A date-time has one length; an enum has its values.
+            Some("string") => !(has("maxLength") || has("enum") || schema["format"] == "date-time"),
+            Some("array") => !has("maxItems"),
+            _ => false,
+        };
+        if unbounded {
+            out.push(path.into());
         }
-    }
-    let has = |k: &str| schema.get(k).is_some();
-    match schema.get("type").and_then(Value::as_str) {
-        // A date-time has one length; an enum has its values.
-        Some("string") if !(has("maxLength") || has("enum") || schema["format"] == "date-time") => {
-            out.push(path.into())
-        }
-        Some("array") => {
-            if !has("maxItems") {
-                out.push(path.into());
-            }
-            unbounded(&schema["items"], &format!("{path}[]"), out);
-        }
-        _ => {}
-    }
-    for (name, property) in schema.get("properties").and_then(Value::as_object).into_iter().flatten() {
-        unbounded(property, &format!("{path}.{name}"), out);
-    }
-    if let Some(each) = schema.get("additionalProperties").filter(|v| v.is_object()) {
-        if !has("maxProperties") {
+        if schema.get("additionalProperties").is_some_and(Value::is_object) && !has("maxProperties") {
             out.push(format!("{path}{{}}"));
         }
-        unbounded(each, &format!("{path}{{}}"), out);
-    }
+    });
+    out
 }
 
 #[test]
@@ -74,42 +65,35 @@ fn every_string_and_list_in_the_crds_has_a_bound() {
         ("NetworkLink", serde_json::to_value(isthmus_operator::api::crd()).unwrap()),
         ("NetworkTopology", serde_json::to_value(isthmus_operator::topology::crd()).unwrap()),
     ] {
-        let mut out = Vec::new();
-        unbounded(&crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"], "", &mut out);
+        let out = unbounded(&crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]);
         assert!(out.is_empty(), "{name}: unbounded: {out:#?}");
     }
 }
 
 /// Where `value` breaks a bound of `schema` (length, items, enum) or holds a field the schema lacks.
-fn violations(schema: &Value, value: &Value, path: &str, out: &mut Vec<String>) {
-    if let Some(choices) = schema.get("enum").and_then(Value::as_array)
-        && !choices.contains(value)
-    {
-        out.push(format!("{path}: {value} not one of {choices:?}"));
-    }
-    let max = |k: &str| schema.get(k).and_then(Value::as_u64).map(|m| m as usize);
-    match value {
-        Value::String(s) if max("maxLength").is_some_and(|m| s.chars().count() > m) => {
-            out.push(format!("{path}: {} characters", s.chars().count()))
+fn violations(schema: &Value, value: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    each_value(schema, value, &Place::root("status"), &mut |schema, value, Place { path, .. }| {
+        if schema.is_null() {
+            return out.push(format!("{path}: not in the schema"));
         }
-        Value::Array(items) => {
-            if max("maxItems").is_some_and(|m| items.len() > m) {
-                out.push(format!("{path}: {} items", items.len()));
-            }
-            for (i, item) in items.iter().enumerate() {
-                violations(&schema["items"], item, &format!("{path}[{i}]"), out);
-            }
+        if let Some(choices) = schema.get("enum").and_then(Value::as_array)
+            && !choices.contains(value)
+        {
+            out.push(format!("{path}: {value} not one of {choices:?}"));
         }
-        Value::Object(fields) => {
-            for (name, v) in fields {
-                match schema.get("properties").and_then(|p| p.get(name)) {
-                    Some(s) => violations(s, v, &format!("{path}.{name}"), out),
-                    None => out.push(format!("{path}.{name}: not in the schema")),
-                }
+        let max = |k: &str| schema.get(k).and_then(Value::as_u64).map(|m| m as usize);
+        match value {
+            Value::String(s) if max("maxLength").is_some_and(|m| s.chars().count() > m) => {
+                out.push(format!("{path}: {} characters", s.chars().count()))
             }
+            Value::Array(items) if max("maxItems").is_some_and(|m| items.len() > m) => {
+                out.push(format!("{path}: {} items", items.len()))
+            }
+            _ => {}
         }
-        _ => {}
-    }
+    });
+    out
 }
 
 /// The fullest value `schema` admits: strings at their bound in `fill`, lists full, every property set,
@@ -215,8 +199,7 @@ proptest! {
     fn a_cut_link_status_fits_its_schema(mut status in link_status()) {
         let failures = status.failures.len() as u64 + u64::from(status.failures_omitted);
         status.bound();
-        let mut out = Vec::new();
-        violations(&link_schema(), &serde_json::to_value(&status).unwrap(), "status", &mut out);
+        let out = violations(&link_schema(), &serde_json::to_value(&status).unwrap());
         prop_assert!(out.is_empty(), "{out:#?}");
         // Failures cut from the list are still counted.
         let counted = status.failures.len() as u64 + u64::from(status.failures_omitted);
@@ -228,8 +211,7 @@ proptest! {
     #[test]
     fn a_cut_topology_status_fits_its_schema(mut status in topology_status()) {
         status.bound();
-        let mut out = Vec::new();
-        violations(&topology_schema(), &serde_json::to_value(&status).unwrap(), "status", &mut out);
+        let out = violations(&topology_schema(), &serde_json::to_value(&status).unwrap());
         prop_assert!(out.is_empty(), "{out:#?}");
         let again = { let mut s = status.clone(); s.bound(); s };
         prop_assert_eq!(again, status);
@@ -266,26 +248,21 @@ fn the_fullest_status_is_kept_whole_and_far_below_the_size_limit() {
     }
 }
 
-/// JSON pointers (and their dotted paths) of every string and list in `value` with a bound in `schema`.
-fn bounded_places(schema: &Value, value: &Value, pointer: &str, path: &str, out: &mut Vec<(String, String)>) {
-    match value {
-        Value::String(_) if schema.get("maxLength").is_some() => out.push((pointer.into(), path.into())),
-        Value::Array(items) => {
-            if schema.get("maxItems").is_some() {
-                out.push((pointer.into(), path.into()));
-            }
-            if let Some(first) = items.first() {
-                bounded_places(&schema["items"], first, &format!("{pointer}/0"), &format!("{path}[0]"), out);
-            }
+/// The places of every string and list in `value` with a bound in `schema`, the first item standing for every
+/// item of a list.
+fn bounded_places(schema: &Value, value: &Value) -> Vec<Place> {
+    let mut out = Vec::new();
+    each_value(schema, value, &Place::root("status"), &mut |schema, value, place| {
+        let bound = match value {
+            Value::String(_) => "maxLength",
+            Value::Array(_) => "maxItems",
+            _ => return,
+        };
+        if schema.get(bound).is_some() && place.is_first_item() {
+            out.push(place.clone());
         }
-        Value::Object(fields) => {
-            for (name, v) in fields {
-                let s = &schema["properties"][name];
-                bounded_places(s, v, &format!("{pointer}/{name}"), &format!("{path}.{name}"), out);
-            }
-        }
-        _ => {}
-    }
+    });
+    out
 }
 
 /// `value` with the string or list at `pointer` one longer.
@@ -308,12 +285,11 @@ async fn admits_the_fullest_and_refuses_one_longer(api: Api<DynamicObject>, name
     };
     let back = write(status.clone()).await.unwrap_or_else(|e| panic!("the fullest status is refused: {e}"));
     assert_eq!(back.data["status"], status, "the server changed the fullest status");
-    let mut places = Vec::new();
-    bounded_places(&schema, &status, "", "status", &mut places);
+    let places = bounded_places(&schema, &status);
     assert!(places.len() >= 8, "{places:?}");
     println!("{}: the fullest status admitted; {} bounds one longer each", api.resource_url(), places.len());
     let mut wrong = Vec::new();
-    for (pointer, path) in &places {
+    for Place { path, pointer } in &places {
         match write(one_longer(&status, pointer)).await {
             Ok(_) => wrong.push(format!("{path}: admitted one longer")),
             Err(kube::Error::Api(e)) if e.code == 422 && e.message.contains(path.as_str()) => {}
