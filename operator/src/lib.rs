@@ -10,8 +10,10 @@
 //! - [`leader`]: leader election on a Lease, fenced on the Lease's own expiry;
 //! - [`metrics`], [`telemetry`]: the Prometheus metrics, logging and the `/metrics`, `/healthz`, `/readyz` server;
 //! - [`topology`]: the `NetworkTopology` resource, its expansion into NetworkLinks and their reconciler;
+//! - [`admission`]: the validating webhook that admits a NetworkTopology exactly when it expands;
 //! - [`uninstall`]: `isthmus-operator uninstall`, the chart's pre-delete hook.
 
+pub mod admission;
 pub mod api;
 pub mod controller;
 pub mod failure;

@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Parser;
 use isthmus_agent_api::client::{AgentClient, ClientConfig};
+use isthmus_operator::admission::{self, server::ServingCertificate, upkeep::WebhookConfig};
 use isthmus_operator::controller::measure::MeasureConfig;
 use isthmus_operator::controller::nodes::DispatchConfig;
 use isthmus_operator::controller::version::Backoff;
@@ -91,6 +92,16 @@ struct Args {
     /// This replica's identity in the Lease; defaults to the pod name.
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
+    /// The DNS name the API server calls the NetworkTopology admission webhook by (`<service>.<namespace>.svc`),
+    /// the name of its serving certificate; empty: no webhook is served.
+    #[arg(long, env = "ISTHMUS_WEBHOOK_DNS_NAME", default_value = "")]
+    webhook_dns_name: String,
+    /// Address of the webhook's HTTPS listener.
+    #[arg(long, env = "ISTHMUS_WEBHOOK_ADDR", default_value = "0.0.0.0:9444")]
+    webhook_addr: SocketAddr,
+    /// The ValidatingWebhookConfiguration whose `caBundle` the leader keeps; empty: none.
+    #[arg(long, env = "ISTHMUS_WEBHOOK_CONFIGURATION", default_value = "")]
+    webhook_configuration: String,
     /// Address of `/metrics`, `/healthz` and `/readyz`.
     #[arg(long, env = "ISTHMUS_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     metrics_addr: SocketAddr,
@@ -170,6 +181,7 @@ async fn main() -> anyhow::Result<()> {
         Duration::from_secs(60),
         args.signer_config(),
     );
+    let webhook = args.start_webhook(&client, &pki, &metrics, &leadership, &shutdown_rx).await?;
     let signer = tokio::spawn(signer::run(
         client.clone(),
         pki,
@@ -205,6 +217,9 @@ async fn main() -> anyhow::Result<()> {
     let _ = shutdown_tx.send(true);
     let _ = tokio::join!(controller, topologies);
     let _ = tokio::join!(upkeep, signer);
+    if let Some((serving, upkeep)) = webhook {
+        let _ = tokio::join!(serving, upkeep);
+    }
     leadership.release().await;
     match http.await {
         Ok(Err(e)) => tracing::warn!(error = %e, "metrics server"),
@@ -273,6 +288,40 @@ impl Args {
             renew_before: Duration::from_secs(self.ca_renew_before_days * DAY),
             leaf_validity: Duration::from_secs(self.certificate_validity_hours * 3600),
         })
+    }
+
+    /// The webhook's listener and its certificate's upkeep, when a DNS name is given.
+    async fn start_webhook(
+        &self,
+        client: &kube::Client,
+        pki: &Arc<Pki>,
+        metrics: &Arc<Metrics>,
+        leadership: &Leadership,
+        shutdown: &tokio::sync::watch::Receiver<bool>,
+    ) -> anyhow::Result<Option<(tokio::task::JoinHandle<()>, tokio::task::JoinHandle<()>)>> {
+        if self.webhook_dns_name.is_empty() {
+            tracing::info!("no --webhook-dns-name: the NetworkTopology admission webhook is not served");
+            return Ok(None);
+        }
+        let config = WebhookConfig {
+            dns_name: self.webhook_dns_name.clone(),
+            configuration: Some(self.webhook_configuration.clone()).filter(|c| !c.is_empty()),
+            validity: Duration::from_secs(self.certificate_validity_hours * 3600),
+        };
+        let certificate = Arc::new(ServingCertificate::default());
+        let upkeep = admission::upkeep::start(
+            client.clone(),
+            pki.clone(),
+            config,
+            certificate.clone(),
+            leadership.leader.clone(),
+            shutdown.clone(),
+        )
+        .context("issuing the webhook's serving certificate")?;
+        let (_, serving) = admission::server::bind(self.webhook_addr, certificate, metrics.clone(), shutdown.clone())
+            .await
+            .with_context(|| format!("binding --webhook-addr {}", self.webhook_addr))?;
+        Ok(Some((tokio::spawn(serving), upkeep)))
     }
 
     fn signer_config(&self) -> SignerConfig {

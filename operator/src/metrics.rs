@@ -28,6 +28,11 @@ pub struct ResultLabels {
     pub result: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VerdictLabels {
+    pub verdict: crate::admission::review::Verdict,
+}
+
 /// One direction of one NetworkLink: bounded by the links, never per pod or IP.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
 pub struct LinkLabels {
@@ -51,6 +56,7 @@ pub struct Metrics {
     pub status_patches: Family<ResultLabels, Counter>,
     pub gate_patches: Family<ResultLabels, Counter>,
     pub leader: Gauge,
+    pub admission_reviews: Family<VerdictLabels, Counter>,
     /// What each verified link's configuration predicts for a probe's round trip, without the path's baseline.
     pub link_expected_rtt: Family<LinkLabels, FloatGauge>,
     pub link_expected_loss: Family<LinkLabels, FloatGauge>,
@@ -80,6 +86,7 @@ impl Metrics {
             status_patches: Family::default(),
             gate_patches: Family::default(),
             leader: Gauge::default(),
+            admission_reviews: Family::default(),
             link_expected_rtt: Family::default(),
             link_expected_loss: Family::default(),
             link_conformant: Family::default(),
@@ -108,6 +115,11 @@ impl Metrics {
             m.gate_patches.clone(),
         );
         registry.register("leader", "1 while this replica holds the leader lease", m.leader.clone());
+        registry.register(
+            "admission_reviews",
+            "NetworkTopology admission reviews this replica answered, by verdict (admitted, refused, unreadable)",
+            m.admission_reviews.clone(),
+        );
         // Per link, beside the agents' isthmus_link_rtt_seconds and probe counters, so that a dashboard puts
         // configured and measured side by side under one prefix.
         let links = root.sub_registry_with_prefix("isthmus_link");

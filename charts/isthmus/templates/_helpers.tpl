@@ -55,6 +55,13 @@ sit in every Helm release revision): the CA Secret, the CA bundle the agents mou
 {{- define "isthmus.secret.ca" -}}{{ include "isthmus.fullname" . }}-ca{{- end -}}
 {{- define "isthmus.configmap.caBundle" -}}{{ include "isthmus.fullname" . }}-ca-bundle{{- end -}}
 {{- define "isthmus.secret.scraper" -}}{{ include "isthmus.fullname" . }}-metrics-scraper-tls{{- end -}}
+{{/*
+The NetworkTopology admission webhook: its Service, the DNS name the API server calls it by (the name of its
+serving certificate), and its ValidatingWebhookConfiguration (cluster-scoped: named after the release).
+*/}}
+{{- define "isthmus.webhook.service" -}}{{ include "isthmus.fullname" . }}-operator-webhook{{- end -}}
+{{- define "isthmus.webhook.dnsName" -}}{{ include "isthmus.webhook.service" . }}.{{ .Release.Namespace }}.svc{{- end -}}
+{{- define "isthmus.webhook.configuration" -}}{{ include "isthmus.fullname" . }}-networktopologies{{- end -}}
 {{/* The signer of the agents' serving certificates (isthmus_agent_api::identity::AGENT_SIGNER_NAME). */}}
 {{- define "isthmus.signerName" -}}isthmus.dev/agent-serving{{- end -}}
 

@@ -56,7 +56,8 @@ def main():
                   f"{d['metadata']['name']}: the scraper's client certificate")
         else:
             check(ep.get("port") == "metrics" and "tlsConfig" not in ep, f"{d['metadata']['name']}: operator endpoint {ep}")
-    services = [d for d in monitoring if d["kind"] == "Service"]
+    # The scrape Services; the webhook's Service is rendered whatever the monitoring values.
+    services = [d for d in monitoring if d["kind"] == "Service" and d["metadata"]["name"].endswith("-metrics")]
     check(len(services) == 2 and all(s["spec"]["clusterIP"] == "None" for s in services), "two headless Services")
 
     (cm,) = [d for d in monitoring if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-dashboard")]

@@ -44,6 +44,7 @@ def main():
         ("certificates.k8s.io", "certificatesigningrequests/approval"): ["update"],
         ("certificates.k8s.io", "certificatesigningrequests/status"): ["update"],
         ("certificates.k8s.io", "signers"): ["approve", "sign"],
+        ("admissionregistration.k8s.io", "validatingwebhookconfigurations"): ["get", "patch"],
     }
     (cluster_role,) = [r for r in by_kind["ClusterRole"] if r["metadata"]["name"].endswith("-operator")]
     rendered = {}
@@ -149,6 +150,32 @@ def main():
         check(r["verbs"] == ["create"] or r.get("resourceNames"), f"operator PKI Role: {r} not limited to names")
     watched = [r["resourceNames"] for r in pki["rules"] if "watch" in r["verbs"]]
     check(watched == [[openv["ISTHMUS_CA_SECRET"]]], f"operator PKI Role: only the CA Secret is watched: {watched}")
+
+    # The NetworkTopology webhook: the operator serves it on the port the Service targets, under the DNS name the
+    # Service has, keeps the caBundle of exactly the rendered configuration (and may patch only that one), which
+    # calls the Service; only spec writes of topologies reach it.
+    (webhook_config,) = by_kind["ValidatingWebhookConfiguration"]
+    (webhook,) = webhook_config["webhooks"]
+    service_ref = webhook["clientConfig"]["service"]
+    (service,) = [s for s in by_kind["Service"] if s["metadata"]["name"] == service_ref["name"]]
+    (service_port,) = service["spec"]["ports"]
+    op_ports = {p["name"]: p["containerPort"] for p in op["ports"]}
+    check(service_port["port"] == service_ref["port"] and op_ports[service_port["targetPort"]] ==
+          int(openv["ISTHMUS_WEBHOOK_ADDR"].rsplit(":", 1)[1]), "webhook: Service port → the operator's listener")
+    check(service["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"], "webhook: Service selects the operator pods")
+    check(openv["ISTHMUS_WEBHOOK_DNS_NAME"] == f"{service_ref['name']}.{service_ref['namespace']}.svc" and
+          service_ref["namespace"] == ns, "webhook: the certificate names the Service the API server calls")
+    check(openv["ISTHMUS_WEBHOOK_CONFIGURATION"] == webhook_config["metadata"]["name"],
+          "webhook: the operator keeps the rendered configuration's caBundle")
+    (webhook_rule,) = [r for r in cluster_role["rules"] if "validatingwebhookconfigurations" in r["resources"]]
+    check(webhook_rule.get("resourceNames") == [webhook_config["metadata"]["name"]],
+          "operator ClusterRole: get/patch only its own webhook configuration")
+    check(service_ref["path"] == "/validate/networktopologies", "webhook: path (isthmus_operator::admission::TOPOLOGIES_PATH)")
+    check(webhook["rules"] == [{"apiGroups": ["isthmus.dev"], "apiVersions": ["v1alpha1"], "operations": ["CREATE", "UPDATE"],
+                                "resources": ["networktopologies"], "scope": "Namespaced"}], "webhook: rules")
+    check([c["expression"] for c in webhook["matchConditions"]] == ["request.operation == 'CREATE' || object.spec != oldObject.spec"],
+          "webhook: only spec writes are sent (operator/tests/apiserver/topology_webhook.rs registers the same)")
+    check(webhook["sideEffects"] == "None" and "caBundle" not in webhook["clientConfig"], "webhook: no side effects, caBundle left to the operator")
 
     # No rendered Secret holds a CA's private key (it would sit in every Helm release revision).
     for secret in by_kind.get("Secret", []):

@@ -8,6 +8,7 @@ rendered Deployment (only the listen address is changed to a local one). Then ch
   certificate requests, and the real agent serves the certificate it signed (tls_interop.py);
 - becomes ready (every watch listed: pods, namespaces, services, nodes, agents, NetworkLinks);
 - takes the Lease named in the chart;
+- writes its CA bundle into the NetworkTopology webhook's configuration;
 - adds its finalizer to a new NetworkLink and writes its status (observedGeneration);
 - applies the readiness gate condition on a pod that declares it (pods/status);
 - lets a deleted NetworkLink go (no agents: nothing to confirm);
@@ -42,6 +43,7 @@ def main():
     port = free_port()
     env.update({
         "ISTHMUS_METRICS_ADDR": f"127.0.0.1:{port}",
+        "ISTHMUS_WEBHOOK_ADDR": f"127.0.0.1:{free_port()}",
         "POD_NAME": "chart-lint-operator", "POD_NAMESPACE": ns, "ISTHMUS_LOG_FORMAT": "text",
         "KUBECONFIG": args.kubeconfig,
         "KUBE_RS_DEBUG_IMPERSONATE_USER": f"system:serviceaccount:{ns}:{pod['serviceAccountName']}",
@@ -73,6 +75,15 @@ def main():
         lease = env["ISTHMUS_LEASE_NAME"]
         wait(f"holds Lease {ns}/{lease}", lambda: kc("-n", ns, "get", "lease", lease, "-o",
              "jsonpath={.spec.holderIdentity}").stdout == "chart-lint-operator")
+        # The NetworkTopology webhook's configuration (installed by `helm install` before this runs): the leader
+        # writes the CA bundle it publishes into caBundle.
+        webhook = env["ISTHMUS_WEBHOOK_CONFIGURATION"]
+        def bundle_written():
+            ca_bundle = kc("get", "validatingwebhookconfiguration", webhook, "-o",
+                           "jsonpath={.webhooks[0].clientConfig.caBundle}").stdout
+            published = kc("-n", ns, "get", "configmap", env["ISTHMUS_CA_BUNDLE"], "-o", "jsonpath={.data.ca\\.crt}").stdout
+            return bool(ca_bundle) and base64.b64decode(ca_bundle).decode() == published
+        wait(f"wrote the CA bundle into ValidatingWebhookConfiguration {webhook} (patch)", bundle_written)
         kc("create", "namespace", "chart-lint-rbac")
         link = {"apiVersion": "isthmus.dev/v1alpha1", "kind": "NetworkLink",
                 "metadata": {"name": "rbac-check", "namespace": "chart-lint-rbac"},

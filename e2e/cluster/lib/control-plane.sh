@@ -11,6 +11,9 @@ control_plane_up() { # API_HOST [--no-scheduler]
   local extra=()
   # On loopback the apiserver cannot publish itself as the `kubernetes` endpoint (it refuses loopback addresses).
   [ "$api_host" != 127.0.0.1 ] || extra+=(--endpoint-reconciler-type=none)
+  # --enable-aggregator-routing: the API server calls admission webhooks (isthmus's NetworkTopology webhook) at
+  # their endpoints' pod IPs, which this host routes to, not at their Service IPs, which only the nodes' kube-proxy
+  # rules reach (a control plane inside the cluster network, as kind's, reaches both).
   start_bg kube-apiserver "$K8S_BIN/kube-apiserver" \
     --bind-address="$api_host" --advertise-address="$api_host" --secure-port="$API_PORT" \
     --etcd-servers="http://127.0.0.1:$ec" \
@@ -22,7 +25,7 @@ control_plane_up() { # API_HOST [--no-scheduler]
     --service-account-issuer=https://kubernetes.default.svc.cluster.local \
     --service-account-key-file="$PKI/sa.pub" --service-account-signing-key-file="$PKI/sa.key" \
     --authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction --allow-privileged=true \
-    --profiling=false "${extra[@]}"
+    --profiling=false --enable-aggregator-routing=true "${extra[@]}"
   mv "$CLUSTER_DIR/kubeconfig.tmp" "$CLUSTER_DIR/kubeconfig"
   wait_for "kube-apiserver /readyz" 90 kube-apiserver kc get --raw /readyz
   log "kube-apiserver ready on https://$api_host:$API_PORT"

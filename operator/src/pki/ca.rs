@@ -288,9 +288,28 @@ impl CaSet {
         now: OffsetDateTime,
         validity: Duration,
     ) -> Result<(String, String), PkiError> {
+        self.issue(identity, ExtendedKeyUsagePurpose::ClientAuth, now, validity)
+    }
+
+    /// A serving certificate for `dns_name` with a fresh key (the operator's webhook): (certificate PEM, key PEM).
+    pub fn issue_serving(
+        &self,
+        dns_name: &str,
+        now: OffsetDateTime,
+        validity: Duration,
+    ) -> Result<(String, String), PkiError> {
+        self.issue(dns_name, ExtendedKeyUsagePurpose::ServerAuth, now, validity)
+    }
+
+    fn issue(
+        &self,
+        dns_name: &str,
+        usage: ExtendedKeyUsagePurpose,
+        now: OffsetDateTime,
+        validity: Duration,
+    ) -> Result<(String, String), PkiError> {
         let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).map_err(PkiError::Generate)?;
-        let params = leaf(identity, ExtendedKeyUsagePurpose::ClientAuth, now, validity)?;
-        let cert = self.signing(now).sign(params, &key)?;
+        let cert = self.signing(now).sign(leaf(dns_name, usage, now, validity)?, &key)?;
         Ok((cert, key.serialize_pem()))
     }
 

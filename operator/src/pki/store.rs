@@ -308,7 +308,7 @@ impl Pki {
 }
 
 /// True when a certificate (PEM) has less than a third of `validity` left, or cannot be read.
-fn renewal_due(pem: &[u8], validity: Duration, now: OffsetDateTime) -> bool {
+pub(crate) fn renewal_due(pem: &[u8], validity: Duration, now: OffsetDateTime) -> bool {
     use x509_parser::prelude::FromDer;
     let Ok(text) = std::str::from_utf8(pem) else { return true };
     let Ok(mut ders) = certificates(text) else { return true };

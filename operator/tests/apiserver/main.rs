@@ -15,6 +15,7 @@ mod representable;
 mod schema_values;
 mod schema_walk;
 mod status_bounds;
+mod topology_webhook;
 
 use std::time::Duration;
 
@@ -72,15 +73,20 @@ async fn client_and_namespace() -> (Client, String) {
     install(&client, isthmus_operator::api::crd()).await;
     install(&client, isthmus_operator::topology::crd()).await;
     let ns = format!("nl-it-{}", std::process::id());
+    create_namespace(&client, &ns).await;
+    (client, ns)
+}
+
+/// Creates namespace `ns` unless it exists.
+async fn create_namespace(client: &Client, ns: &str) {
     let namespaces: Api<Namespace> = Api::all(client.clone());
     let mut obj = Namespace::default();
-    obj.metadata.name = Some(ns.clone());
+    obj.metadata.name = Some(ns.to_owned());
     match namespaces.create(&PostParams::default(), &obj).await {
         Ok(_) => {}
         Err(kube::Error::Api(s)) if s.code == 409 => {}
         Err(e) => panic!("creating namespace {ns}: {e}"),
     }
-    (client, ns)
 }
 
 /// Installs `crd` and waits until it is served.

@@ -1,5 +1,6 @@
 //! A NetworkTopology of three regions over the fixture's pods (client in `eu`, server in `us`, near in `ap`):
-//! its links made and Ready, the configured matrix in its status and `kubectl isthmus matrix`, each pair's round
+//! one the operator cannot expand refused at `kubectl apply` by its webhook, naming the field; its links made
+//! and Ready, the configured matrix in its status and `kubectl isthmus matrix`, each pair's round
 //! trip at least its configured one, and a pod relabelled into another region taking
 //! that region's latency.
 
@@ -62,6 +63,24 @@ fn wait_ready(f: &Fixture, from: &str, to: &str, destinations: u64) -> Value {
     })
 }
 
+/// A topology the schema admits and the operator cannot expand (jitter where no layer gives a pair a latency)
+/// is refused by the chart's webhook, reached through its Service, naming the field; nothing is stored. Waits
+/// while the call itself fails (a webhook not yet reachable is refused too, by its failure policy, but says so).
+fn refused_at_admission(f: &Fixture) {
+    let manifest = format!(
+        "apiVersion: isthmus.dev/v1alpha1\nkind: NetworkTopology\nmetadata: {{name: {TOPOLOGY}}}\nspec:\n\
+         \x20 regionLabel: {LABEL}\n  regions: [{{name: eu}}, {{name: us}}]\n  default: {{jitter: 2ms}}\n"
+    );
+    let ns = f.ns.name.as_str();
+    let refusal = wait_for("the webhook to answer", Duration::from_secs(60), || {
+        let out = kubectl_raw(&["-n", ns, "apply", "-f", "-"], Some(&manifest));
+        assert!(!out.ok, "a topology whose jitter has no latency to vary around was admitted");
+        (!out.stderr.contains("failed calling webhook")).then_some(out.stderr)
+    });
+    assert!(refusal.contains("denied the request: spec.default.jitter: eu → us: jitter needs a latency"), "{refusal}");
+    assert!(!kubectl_raw(&["-n", ns, "get", "networktopology", TOPOLOGY], None).ok, "the refused topology is stored");
+}
+
 pub fn topology_matrix(f: &Fixture) {
     let base_us = Baseline::measure(&f.ns, &f.client.name, &f.server.ip);
     let base_ap = Baseline::measure(&f.ns, &f.client.name, &f.near.ip);
@@ -69,6 +88,7 @@ pub fn topology_matrix(f: &Fixture) {
     label(f, &f.client.name, "eu");
     label(f, &f.server.name, "us");
     label(f, &f.near.name, "ap");
+    refused_at_admission(f);
     f.ns.apply(&format!(
         "apiVersion: isthmus.dev/v1alpha1\nkind: NetworkTopology\nmetadata: {{name: {TOPOLOGY}}}\nspec:\n\
          \x20 regionLabel: {LABEL}\n  regions: [{{name: eu}}, {{name: us}}, {{name: ap}}]\n\
