@@ -23,9 +23,18 @@ fail() { echo "examples-validate: FAIL: $*" >&2; exit 1; }
 
 examples=(examples/*.yaml)
 [ ${#examples[@]} -ge 6 ] || fail "expected at least 6 examples, found ${#examples[@]}"
-python3 - "${examples[@]}" <<'PY' || fail "static checks"
-import sys, yaml
+# A real cluster pulls the probe image the release publishes: ghcr.io/<owner in Cargo.toml>/isthmus-probe at the
+# chart's appVersion (the version `helm install` of that release runs); local clusters get it renamed.
+owner=$(sed -n 's|^repository *= *"https://github.com/\([^/]*\)/.*|\1|p' Cargo.toml)
+app_version=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' charts/isthmus/Chart.yaml)
+[ -n "$owner" ] && [ -n "$app_version" ] || fail "cannot read the repository owner (Cargo.toml) or appVersion (Chart.yaml)"
+PROBE_IMAGE="ghcr.io/${owner,,}/isthmus-probe:$app_version" python3 - "${examples[@]}" <<'PY' || fail "static checks"
+import os, subprocess, sys, yaml
 bad = False
+probe = os.environ["PROBE_IMAGE"]
+def images(docs):
+    return [(d["metadata"]["name"], c["image"]) for d in docs if d["kind"] in ("Deployment", "StatefulSet", "DaemonSet")
+            for c in d["spec"]["template"]["spec"].get("initContainers", []) + d["spec"]["template"]["spec"]["containers"]]
 def matches(sel, labels):
     return all(labels.get(k) == v for k, v in (sel or {}).get("matchLabels", {}).items()) and \
         all((e["operator"] == "In" and labels.get(e["key"]) in e["values"]) or
@@ -58,6 +67,13 @@ for path in sys.argv[1:]:
                 continue
             if not any(pns == ns and matches(sel, labels) for pns, labels in pods):
                 print(f"{path}: NetworkLink {l['metadata']['name']}: spec.{side}.podSelector selects no workload in the file"); bad = True
+    for name, image in images(docs):
+        if image != probe:
+            print(f"{path}: {name}: image {image} is not the release's probe image {probe}"); bad = True
+    local = subprocess.run(["examples/for-local-cluster", path], capture_output=True, text=True, check=True).stdout
+    renamed = [i for _, i in images([d for d in yaml.safe_load_all(local) if d])]
+    if not renamed or any(not i.startswith("localhost/isthmus-probe:") for i in renamed):
+        print(f"{path}: examples/for-local-cluster left {renamed}"); bad = True
     print(f"examples-validate: {path}: {len(links)} NetworkLink(s), {len(topologies)} NetworkTopology(s), {len(pods)} workload(s)")
 sys.exit(1 if bad else 0)
 PY
