@@ -14,10 +14,11 @@ TEST_STAGES := unit operator-it chart-lint examples-validate images-test arm64-t
 test: ## the whole suite: unit and host-kernel tests, API-server tests, chart, stock-kernel rig, real cluster smoke, end-to-end on this kernel and on stock-kernel nodes; every stage runs, a table of results ends it
 	@e2e/run-stages $(TEST_STAGES)
 
-unit: ## cargo tests of every crate, then the agent's root-only netlink tests (ignored in a plain cargo test) as root, and the test scripts' own tests
+unit: ## cargo tests of every crate, then the agent's root-only netlink tests (ignored in a plain cargo test) as root, the test scripts' own tests (the workflows against the Makefile and .ci/run among them), and actionlint over the workflows
 	cargo test --workspace --locked
 	cargo test -p isthmus-agent --lib --locked -- --ignored
 	python3 -m unittest discover -s e2e -p 'test_*.py'
+	$(MAKE) --no-print-directory lint-workflows
 
 .PHONY: clean-leftovers
 clean-leftovers: ## remove what an interrupted run of isthmus's scripts left (clusters, guests, bridges, namespaces, mounts, state dirs), naming each; .ci/run does this first

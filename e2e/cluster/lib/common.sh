@@ -94,10 +94,11 @@ kubectl_bin() {
 kc() { "$(kubectl_bin)" --kubeconfig "$CLUSTER_DIR/kubeconfig" "$@"; }
 
 # The provider: the one a running cluster of this name was made with, else kind where a Docker daemon answers
-# and kind is installed, local otherwise.
-choose_provider() {
+# and kind is installed, local otherwise. With `new`, the one a cluster started now would get: a running cluster
+# is no guide there, since make test takes the demo's cluster down before starting its own.
+choose_provider() { # [new]
   local p=${ISTHMUS_CLUSTER_PROVIDER:-}
-  [ -n "$p" ] || p=$(cat "$CLUSTER_DIR/provider" 2>/dev/null || true)
+  [ -n "$p" ] || [ "${1:-}" = new ] || p=$(cat "$CLUSTER_DIR/provider" 2>/dev/null || true)
   if [ -z "$p" ]; then
     if command -v kind >/dev/null && command -v docker >/dev/null && timeout 10 docker info >/dev/null 2>&1; then
       p=kind

@@ -40,6 +40,10 @@ kind_owns_dir() {
   [ "$p" = kind ] || die "$CLUSTER_DIR belongs to a '$p' cluster named '$CLUSTER_NAME': use another ISTHMUS_CLUSTER_NAME"
 }
 
+# Nothing cheap to check ahead: where there are none, `up` starts a Docker daemon, builds kind and assembles its
+# node image itself, and what else it needs only Docker and kind can tell.
+kind_preflight() { log "preflight: kind: nothing to check ahead (up brings Docker, kind and the node image)"; }
+
 kind_up() { # NODES CONTROL_PLANE_ONLY
   local nodes=$1 cp_only=$2 t i image workers etcd_tag
   t=$(date +%s.%N)

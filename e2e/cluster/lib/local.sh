@@ -46,6 +46,67 @@ node_cgroups_up() { # I: kubelet's cgroupRoot in every v1 hierarchy (cpuset need
   fi
 }
 
+# ------------------------------------------------------------------------------------------------ preflight
+# What a full local cluster needs of this machine, checked before `up` installs, builds or creates anything: a
+# cold `up` builds Kubernetes for a quarter of an hour before the first kubelet starts, and make test runs half
+# an hour of other stages before its first full cluster, so a machine that cannot run one must be told at once.
+#
+# The nodes share this machine's cgroup tree: every node's kubelet uses the cgroupfs driver under its own
+# cgroupRoot, which node_cgroups_up makes in each cgroup v1 hierarchy. kubelet refuses to start unless cpu,
+# cpuacct, cpuset and memory are mounted as v1 hierarchies ("Following Cgroup subsystem not mounted"), and where
+# /sys/fs/cgroup is cgroup2 it takes its v2 path, where nothing has made the cgroupRoot or delegated controllers
+# to it ("could not read controllers for cgroup"). etcd, kube-apiserver and kube-controller-manager touch no
+# cgroup: a control-plane-only cluster needs none of this. ISTHMUS_PROC_MOUNTS replaces /proc/mounts (tests).
+LOCAL_CGROUP_V1_CONTROLLERS=(cpu cpuacct cpuset memory)
+local_preflight() {
+  local mounts=${ISTHMUS_PROC_MOUNTS:-/proc/mounts} top v1 ctl absent=() missing=() list
+  [ -r "$mounts" ] || die "preflight: cannot read the mount table $mounts"
+  # kubelet tells v1 from v2 by the filesystem at /sys/fs/cgroup; of several mounts there the last is the one seen.
+  top=$(awk '$2 == "/sys/fs/cgroup" {t = $3} END {print t}' "$mounts")
+  v1=" $(awk '$3 == "cgroup" {gsub(",", " ", $4); printf "%s ", $4}' "$mounts")"
+  for ctl in "${LOCAL_CGROUP_V1_CONTROLLERS[@]}"; do
+    case $v1 in *" $ctl "*) ;; *) absent+=("$ctl") ;; esac
+  done
+  list=$(printf '%s, ' "${absent[@]}"); list=${list%, }
+  if [ "$top" = cgroup2 ]; then
+    missing+=("cgroup v1 or hybrid: /sys/fs/cgroup is cgroup2, i.e. this machine runs cgroup v2 only$(
+      [ ${#absent[@]} -eq 0 ] || echo "; no cgroup v1 hierarchy of $list") (read from $mounts)")
+  elif [ ${#absent[@]} -gt 0 ]; then
+    missing+=("cgroup v1 hierarchies of $list (none mounted with type cgroup in $mounts)")
+  fi
+  local cgroups_missing=${#missing[@]}
+  [ "$(id -u)" = 0 ] ||
+    missing+=("root: the nodes are network namespaces, a bridge, mounts and cgroups of this machine")
+  if [ ${#missing[@]} -eq 0 ]; then
+    log "preflight: local: a full cluster can run here" \
+        "(root; cgroup v1 ${LOCAL_CGROUP_V1_CONTROLLERS[*]} in $mounts)"
+    return 0
+  fi
+  {
+    echo "cluster: preflight: the local provider cannot run a full cluster (nodes, kubelets) on this machine."
+    printf '  missing: %s\n' "${missing[@]}"
+    if [ "$cgroups_missing" -gt 0 ]; then
+      cat <<EOF
+  why: the nodes share this machine's cgroups: each node's kubelet runs with the cgroupfs driver under its own
+       cgroupRoot /<cluster>-node<i>, which \`up\` makes in every cgroup v1 hierarchy; kubelet refuses to start
+       without v1 hierarchies of cpu, cpuacct, cpuset and memory, and under cgroup v2 only it finds no
+       cgroupRoot with controllers.
+  ways out (e2e/cluster/README.md#preflight-cgroup-v1-for-the-local-provider):
+    ISTHMUS_CLUSTER_PROVIDER=vm    nodes are QEMU guests with a stock kernel and cgroups of their own; make demo
+                                   picks it where no Docker and kind answer, make e2e-vm always uses it;
+                                   ISTHMUS_CLUSTER_PROVIDER=vm make test runs cluster-smoke and e2e on it too
+    ISTHMUS_CLUSTER_PROVIDER=kind  nodes are Docker containers (e2e/cluster/README.md#kind)
+    boot with cgroup v1 or hybrid  kernel command line systemd.unified_cgroup_hierarchy=0, with systemd 256
+                                   and 257 also SYSTEMD_CGROUP_ENABLE_LEGACY_FORCE=1 (systemd 258 and later
+                                   have no cgroup v1: use vm or kind)
+  A control-plane-only cluster (\`up --control-plane-only\`: make operator-it, chart-lint, examples-validate)
+  needs none of this.
+EOF
+    fi
+  } >&2
+  exit 1
+}
+
 # ------------------------------------------------------------------------------------------------ node
 node_up() { # I
   local i=$1 d name ip
@@ -173,6 +234,7 @@ local_up() { # NODES CONTROL_PLANE_ONLY
     die "cluster '$CLUSTER_NAME' is already up ($CLUSTER_DIR); run 'cluster down' first"
   fi
   [ "$(id -u)" = 0 ] || die "the local provider needs root"
+  [ -n "$cp_only" ] || local_preflight
   if [ -z "$cp_only" ] && ip link show "$BRIDGE" >/dev/null 2>&1; then
     die "another full local cluster is up (bridge $BRIDGE exists); only one can run at a time"
   fi

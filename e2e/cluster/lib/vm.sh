@@ -29,6 +29,17 @@ vm_tap() { echo "isth-t$1"; }
 vm_mac() { printf '52:54:00:18:00:%02x' "$1"; }
 vm_io() { echo "$(node_dir "$1")/io"; }
 
+# The nodes are guests with their own kernel and cgroups, so this machine's cgroup layout does not matter here;
+# what `up` would otherwise find out only after installing and building for minutes is checked first.
+vm_preflight() {
+  [ "$(id -u)" = 0 ] || die "preflight: the vm provider needs root (taps, a bridge and routes of this machine)"
+  case $VM_KERNEL in
+    sid|bookworm) ;;
+    *) die "preflight: ISTHMUS_VM_KERNEL must be sid or bookworm (got '$VM_KERNEL')" ;;
+  esac
+  log "preflight: vm: a full cluster can run here (root; $VM_KERNEL guests bring their own kernel and cgroups)"
+}
+
 vm_install() {
   local_install
   command -v cpio >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends cpio >/dev/null
@@ -239,7 +250,7 @@ vm_up() { # NODES CONTROL_PLANE_ONLY
   [ -z "$cp_only" ] || { local_up "$nodes" "$cp_only"; return; }
   t=$(date +%s.%N)
   [ ! -e "$CLUSTER_DIR/mode" ] || die "cluster '$CLUSTER_NAME' is already up ($CLUSTER_DIR); run 'cluster down' first"
-  [ "$(id -u)" = 0 ] || die "the vm provider needs root"
+  vm_preflight
   ! ip link show "$BRIDGE" >/dev/null 2>&1 || die "another full cluster is up (bridge $BRIDGE exists); only one can run at a time"
   vm_install
   rm -rf "$CLUSTER_DIR"
