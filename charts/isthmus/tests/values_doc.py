@@ -122,19 +122,23 @@ def write_descriptions(schema, entries):
             prop.update(items[:at] + [("description", e.description)] + items[at:])
 
 
+JSON_TYPE = {dict: "object", list: "array", str: "string", bool: "boolean", int: "integer", float: "number"}
+
+
 def type_of(prop, entry):
+    """The schema's type (enum: its values' type), else the default's."""
     if entry.group:
         return "object"
-    kind = prop.get("type") or [o.get("type") for o in prop.get("oneOf", []) if o.get("type")]
+    kind = prop.get("type") or [o["type"] for o in prop.get("oneOf", []) if "type" in o]
     if not kind and "enum" in prop:
-        kind = sorted({type(v).__name__.replace("str", "string") for v in prop["enum"]})
+        kind = sorted({JSON_TYPE[type(v)] for v in prop["enum"]})
     if not kind:
-        kind = {dict: "object", list: "array", str: "string", bool: "boolean", int: "integer"}.get(type(entry.default))
-    return " or ".join(kind) if isinstance(kind, list) else kind or ""
+        kind = JSON_TYPE.get(type(entry.default), "")
+    return " or ".join(kind) if isinstance(kind, list) else kind
 
 
 def markdown(text):
-    """A table cell: pipes escaped; outside code spans, `<` escaped and docs/*.md paths made links."""
+    """A table cell: outside code spans, `<` escaped and docs/*.md paths made links; pipes escaped."""
     parts = text.split("`")
     for i in range(0, len(parts), 2):
         parts[i] = DOC_PATH.sub(lambda m: f"[{m[0]}]({DOC_FROM_README}{m[0]})", parts[i].replace("<", "&lt;"))
@@ -144,10 +148,9 @@ def markdown(text):
 def table(entries, schema):
     rows = [BEGIN, "| Key | Type | Default | Description |", "|---|---|---|---|"]
     for e in entries:
-        default = "" if e.group else "`" + json.dumps(e.default, ensure_ascii=False) + "`"
-        cells = [f"`{dotted(e.path)}`", type_of(schema_property(schema, e.path) or {}, e), default,
-                 markdown(e.description or "")]
-        rows.append("| " + " | ".join(c.replace("|", "\\|") if i < 3 else c for i, c in enumerate(cells)) + " |")
+        default = "" if e.group else "`" + json.dumps(e.default, ensure_ascii=False).replace("|", "\\|") + "`"
+        kind = type_of(schema_property(schema, e.path) or {}, e)
+        rows.append(f"| `{dotted(e.path)}` | {kind} | {default} | {markdown(e.description or '')} |")
     return "\n".join(rows + [END])
 
 
