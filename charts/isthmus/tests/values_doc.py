@@ -24,7 +24,8 @@ What --check requires:
 - Descriptions link only to docs/*.md files and headings that exist.
 - templates/*.yaml, *.tpl and NOTES.txt read only declared values: each `.Values.a.b` reference, and each
   `$x.b` where the template set `$x := .Values.a`, names a key of values.yaml, or a key inside a mapping value
-  (`operator.nodeSelector.x`). References written another way (`index .Values "a"`) are not seen.
+  (`operator.nodeSelector.x`). References written another way (`index .Values "a"`, `.b` inside
+  `with .Values.a`) are not seen.
 """
 import json, os, re, sys
 from pathlib import Path
