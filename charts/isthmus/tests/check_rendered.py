@@ -113,6 +113,14 @@ def main():
 
     opod = dep["spec"]["template"]["spec"]
     (op,) = opod["containers"]
+    # The images are Linux binaries: by default no pod of the chart may land on another OS's node (the one variant
+    # that sets a selector sets this one).
+    linux = {"kubernetes.io/os": "linux"}
+    check(pod.get("nodeSelector") == linux, f"agent: nodeSelector {pod.get('nodeSelector')}, expected {linux}")
+    check(opod.get("nodeSelector") == linux, f"operator: nodeSelector {opod.get('nodeSelector')}, expected {linux}")
+    for job in by_kind.get("Job", []):
+        selector = job["spec"]["template"]["spec"].get("nodeSelector")
+        check(selector == linux, f"Job {job['metadata']['name']}: nodeSelector {selector}, expected {linux}")
     osc, psc = op["securityContext"], opod["securityContext"]
     check(psc["runAsNonRoot"] is True and psc["runAsUser"] == 65532, "operator: non-root 65532")
     check(osc["readOnlyRootFilesystem"] is True and osc["allowPrivilegeEscalation"] is False, "operator: read-only, no escalation")

@@ -3,8 +3,12 @@
 #   1. charts/isthmus/crds/networklink.yaml and networktopology.yaml are byte-identical to the generated crds/;
 #   2. helm lint --strict and helm template for several value sets; static checks of the rendered objects
 #      (no RBAC wildcards, the operator's and the agent's exact rules, the agent's exact capabilities, non-root
-#      operator, matching identities, no rendered Secret holding a CA key — and that check refuses one that does);
+#      operator, matching identities, both pods on Linux nodes by default, no rendered Secret holding a CA key —
+#      and that check refuses one that does);
 #   3. values.schema.json refuses bad values, naming the field;
+#   3b. every value is described once, by its `# --` comment in values.yaml: values.schema.json's descriptions and
+#      README.md's values table equal it, every schema property has a description, and the templates read only
+#      values values.yaml declares (tests/values_doc.py --check; a copy with one description altered must fail);
 #   4. a control-plane-only Kubernetes 1.34 cluster: every rendered object passes `kubectl apply --dry-run=server`;
 #      a real `helm install` + `helm upgrade`: no private key in Helm's release records;
 #   5. (with 7) the real operator creates the CA, publishes the bundle, denies forged agent certificate requests
@@ -16,7 +20,7 @@
 #      ready, takes its Lease, adds/removes its finalizer, writes status and a gated pod's readiness condition,
 #      with no forbidden request.
 # Environment: ISTHMUS_OPERATOR_BIN (default: `cargo build -p isthmus-operator`, this tree's debug binary), ISTHMUS_CRD (the generated CRD, default crds/networklink.yaml), ISTHMUS_CLUSTER_NAME (default chart-lint), ISTHMUS_AGENT_BIN (default: this tree's debug binary, built),
-# CHART_LINT_SKIP_CLUSTER=1 to run only steps 1-3.
+# CHART_LINT_SKIP_CLUSTER=1 to run only steps 1-3b.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
 CHART=$ROOT/charts/isthmus
@@ -153,6 +157,21 @@ refuse "probesPerSecond" --set verification.probesPerSecond=0
 refuse "serviceMonitor" --set metrics.serviceMonitor.enable=true
 refuse "gatedPods" --set uninstall.gatedPods=Keep
 step "values.schema.json and the templates refuse $refused bad values, naming the field"
+
+# ---- 3b. each value is described once, in values.yaml: the schema's descriptions and the README's table are
+# copies of it, and the templates read no value values.yaml does not declare.
+python3 "$CHART/tests/values_doc.py" --check "$CHART" ||
+  fail "values.yaml, values.schema.json and README.md disagree (python3 charts/isthmus/tests/values_doc.py --write)"
+# The check itself: a chart whose values.yaml says something else about one value than its schema must fail, naming it.
+cp -R "$CHART" "$work/chart-copy"
+sed -i 's|^  # -- Port of /metrics, /healthz and /readyz|  # -- Altered: port of /metrics, /healthz and /readyz|' "$work/chart-copy/values.yaml"
+! cmp -s "$CHART/values.yaml" "$work/chart-copy/values.yaml" || fail "the self-check found no operator.metricsPort description to alter"
+if python3 "$CHART/tests/values_doc.py" --check "$work/chart-copy" 2>"$work/values-doc.err"; then
+  fail "values_doc.py --check accepted a values.yaml description that the schema does not carry"
+fi
+grep -q "values.schema.json: operator.metricsPort: description differs" "$work/values-doc.err" ||
+  { cat "$work/values-doc.err"; fail "values_doc.py --check did not name operator.metricsPort"; }
+step "every value described once: values.yaml's comments are values.schema.json's descriptions and README.md's table; the templates read only declared values (an altered description is refused, naming its path)"
 
 [ "${CHART_LINT_SKIP_CLUSTER:-}" = 1 ] && { step "cluster checks skipped (CHART_LINT_SKIP_CLUSTER=1)"; exit 0; }
 
