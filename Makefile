@@ -132,8 +132,8 @@ e2e-kind: ## make e2e through kind (cluster isthmus-kind); where no Docker answe
 	ISTHMUS_CLUSTER_PROVIDER=kind ISTHMUS_CLUSTER_NAME=$${ISTHMUS_CLUSTER_NAME:-isthmus-kind} e2e/suite/run
 
 .PHONY: bench-cluster
-bench-cluster: ## issue 7 benchmark on a real 2-node cluster, 20 pods: apply → Ready and replacement pod Ready → impaired (table; docs/benchmarks.md)
-	ISTHMUS_E2E_BENCH=1 e2e/suite/run
+bench-cluster: ## issue 7 benchmark on a real 2-node cluster, 20 pods: apply → Ready and replacement pod Ready → impaired (table; docs/benchmarks.md); BENCH_DATAPATH=tc (default) or userspace
+	ISTHMUS_E2E_BENCH=1 BENCH_DATAPATH=$(or $(BENCH_DATAPATH),tc) e2e/suite/run
 
 demo: ## cluster up, images, isthmus, examples/three-regions.yaml, then a table of configured vs measured per pair; leaves the cluster up
 	e2e/demo

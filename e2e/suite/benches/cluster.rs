@@ -2,15 +2,18 @@
 //! src → dst = 100 pairs),
 //!   1. `kubectl apply` of a link (create, then an edit) → the link's `Ready=True/Applied` for that generation
 //!      with `pairsApplied == pairs`, as seen by a `kubectl get --watch` started beforehand;
-//!   2. a replacement `src` pod's `Ready=True` (seen by a pod watch) → its impairment really in its kernel:
-//!      host-side `tc -j qdisc show dev eth0` in the pod's network namespace shows isthmus's HTB root and one
-//!      TBF per destination (polled as fast as `nsenter tc` runs; local provider only: it needs the pods'
-//!      namespaces on this machine).
+//!   2. a replacement `src` pod's `Ready=True` (seen by a pod watch) → its impairment really in its kernel, read
+//!      host-side with iproute2 in the pod's network namespace, independent of the agent: on the tc datapath
+//!      isthmus's HTB root and one TBF per destination on eth0 (`tc -j qdisc show`), on the userspace datapath a
+//!      route through the capture (`isth-u0`) for every destination address in the capture's table (polled as
+//!      fast as `nsenter` runs; local provider only: it needs the pods' namespaces on this machine).
 //!
 //! Prints a table (n, median, p90, p99, max). Not a test: nothing here asserts a time.
 //!
 //! Run through `make bench-cluster` (= `ISTHMUS_E2E_BENCH=1 e2e/suite/run`: cluster, images, chart, then this).
-//! `BENCH_APPLIES` (default 30) and `BENCH_REPLACEMENTS` (default 25) set the sample counts.
+//! `BENCH_APPLIES` (default 30) and `BENCH_REPLACEMENTS` (default 25) set the sample counts;
+//! `ISTHMUS_E2E_DATAPATH` (`tc`, the default, or `userspace`) the datapath the chart was installed with, whose
+//! state this bench reads (`make bench-cluster BENCH_DATAPATH=userspace`).
 
 use isthmus_e2e::{TestNamespace, kubectl, kubectl_raw, link_manifest, probe_image};
 use serde_json::Value;
@@ -118,17 +121,92 @@ fn netns_of_ip(ip: &str) -> Option<String> {
     None
 }
 
-/// (HTB roots, TBF qdiscs) on eth0 of the namespace `netns`, read with iproute2 (independent of the agent).
-fn isthmus_qdiscs(netns: &str) -> Option<(usize, usize)> {
-    let out =
-        Command::new("nsenter").args([&format!("--net={netns}"), "tc", "-j", "qdisc", "show", "dev", "eth0"]).output();
-    let qdiscs: Value = serde_json::from_slice(&out.ok()?.stdout).ok()?;
-    let kinds: Vec<&str> = qdiscs.as_array()?.iter().filter_map(|q| q["kind"].as_str()).collect();
-    Some((kinds.iter().filter(|k| **k == "htb").count(), kinds.iter().filter(|k| **k == "tbf").count()))
+/// The datapath the agents give the pods, so which kernel state says a pod is impaired (docs/datapaths.md).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Datapath {
+    Tc,
+    Userspace,
 }
 
-/// A thread that finds the namespace of `ip` and returns the first instant its eth0 is fully impaired.
-fn spawn_impairment_poller(ip: String) -> std::thread::JoinHandle<Instant> {
+impl Datapath {
+    fn from_env() -> Self {
+        match std::env::var("ISTHMUS_E2E_DATAPATH").as_deref() {
+            Err(_) | Ok("tc") => Self::Tc,
+            Ok("userspace") => Self::Userspace,
+            Ok(other) => panic!("ISTHMUS_E2E_DATAPATH={other}: must be tc or userspace"),
+        }
+    }
+
+    /// How the pod's kernel shows it impaired, for the table's row.
+    fn evidence(self) -> &'static str {
+        match self {
+            Self::Tc => "HTB + 10 TBF in its netns",
+            Self::Userspace => "a capture route per destination in its netns",
+        }
+    }
+}
+
+/// The userspace datapath's routing table in a pod's namespace (agent/src/userspace/routing.rs).
+const CAPTURE_TABLE: &str = "26995";
+const CAPTURE_DEVICE: &str = "isth-u0";
+
+fn in_netns(netns: &str, args: &[&str]) -> Option<Value> {
+    let out = Command::new("nsenter").arg(format!("--net={netns}")).args(args).output().ok()?;
+    serde_json::from_slice(&out.stdout).ok()
+}
+
+/// How many of `destinations` (addresses) the namespace `netns` impairs, read with iproute2 (independent of the
+/// agent): on the tc datapath the TBFs under an HTB root on eth0 (one per destination pod), on the userspace
+/// datapath the destinations with a route through the capture in its table, IPv4 and IPv6.
+fn impaired_destinations(netns: &str, datapath: Datapath, destinations: &HashSet<String>) -> Option<usize> {
+    match datapath {
+        Datapath::Tc => {
+            let qdiscs = in_netns(netns, &["tc", "-j", "qdisc", "show", "dev", "eth0"])?;
+            let kinds: Vec<&str> = qdiscs.as_array()?.iter().filter_map(|q| q["kind"].as_str()).collect();
+            let count = |kind: &str| kinds.iter().filter(|k| **k == kind).count();
+            Some(if count("htb") >= 1 { count("tbf") } else { 0 })
+        }
+        Datapath::Userspace => {
+            let mut routed = 0;
+            for family in ["-4", "-6"] {
+                // A namespace never captured has no such table: `ip` says so and prints no JSON, which is 0 routes.
+                let Some(routes) = in_netns(netns, &["ip", "-j", family, "route", "show", "table", CAPTURE_TABLE])
+                else {
+                    continue;
+                };
+                routed += routes
+                    .as_array()?
+                    .iter()
+                    .filter(|r| {
+                        r["dev"] == CAPTURE_DEVICE
+                            && r["dst"].as_str().is_some_and(|d| destinations.contains(strip_prefix_len(d)))
+                    })
+                    .count();
+            }
+            Some(routed)
+        }
+    }
+}
+
+/// `10.0.0.7/32` → `10.0.0.7` (iproute2 prints host routes without the length, others with it).
+fn strip_prefix_len(dst: &str) -> &str {
+    dst.split_once('/').map_or(dst, |(addr, _)| addr)
+}
+
+/// Every address of the pods selected by `selector`, as the link's destinations.
+fn addresses(ns: &TestNamespace, selector: &str) -> HashSet<String> {
+    ns.json(&["get", "pods", "-l", selector])["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+        .flat_map(|p| p["status"]["podIPs"].as_array().cloned().unwrap_or_default())
+        .filter_map(|ip| ip["ip"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// A thread that finds the namespace of `ip` and returns the first instant it impairs every destination.
+fn spawn_impairment_poller(ip: String, target: Target) -> std::thread::JoinHandle<Instant> {
     std::thread::spawn(move || {
         let deadline = Instant::now() + Duration::from_secs(60);
         let netns = loop {
@@ -139,7 +217,7 @@ fn spawn_impairment_poller(ip: String) -> std::thread::JoinHandle<Instant> {
             std::thread::sleep(Duration::from_millis(5));
         };
         loop {
-            if fully_impaired(&netns) {
+            if target.fully_impaired(&netns) {
                 return Instant::now();
             }
             assert!(Instant::now() < deadline, "{ip} not impaired within 60 s");
@@ -148,8 +226,30 @@ fn spawn_impairment_poller(ip: String) -> std::thread::JoinHandle<Instant> {
     })
 }
 
-fn fully_impaired(netns: &str) -> bool {
-    isthmus_qdiscs(netns).is_some_and(|(htb, tbf)| htb >= 1 && tbf == DESTINATIONS)
+/// What a source pod impairs once its links are in its kernel.
+#[derive(Clone)]
+struct Target {
+    datapath: Datapath,
+    destinations: std::sync::Arc<HashSet<String>>,
+}
+
+impl Target {
+    /// The count `impaired_destinations` reads when every destination is impaired: a TBF per destination pod on
+    /// the tc datapath, a route per destination address on the userspace datapath.
+    fn expected(&self) -> usize {
+        match self.datapath {
+            Datapath::Tc => DESTINATIONS,
+            Datapath::Userspace => self.destinations.len(),
+        }
+    }
+
+    fn impaired(&self, netns: &str) -> Option<usize> {
+        impaired_destinations(netns, self.datapath, &self.destinations)
+    }
+
+    fn fully_impaired(&self, netns: &str) -> bool {
+        self.impaired(netns) == Some(self.expected())
+    }
 }
 
 /// Signed milliseconds from `from` to `to` (negative: `to` came first).
@@ -203,7 +303,7 @@ fn main() {
         return; // `cargo bench -- --list` and friends: nothing to enumerate
     }
     if isthmus_e2e::provider() != "local" {
-        eprintln!("the cluster bench reads pods' qdiscs from this machine's /proc: it needs the local provider");
+        eprintln!("the cluster bench reads pods' kernel state from this machine's /proc: it needs the local provider");
         std::process::exit(2);
     }
     let applies = env_count("BENCH_APPLIES", 30);
@@ -227,6 +327,12 @@ fn main() {
         (ready_pods.len() == SOURCES + DESTINATIONS).then_some(())
     });
     println!("{} pods Ready ({} image {})", ready_pods.len(), ns.name, probe_image());
+    let target = Target { datapath: Datapath::from_env(), destinations: addresses(&ns, "app=dst").into() };
+    println!(
+        "datapath {:?}: a source pod is impaired when its kernel has {}",
+        target.datapath,
+        target.datapath.evidence()
+    );
     let links = Watch::start(&ns.name, "networklinks");
 
     // 1. apply → Ready (create, then edit), then delete → gone.
@@ -255,10 +361,14 @@ fn main() {
             for p in src["items"].as_array().into_iter().flatten() {
                 let ip = p["status"]["podIP"].as_str().unwrap_or_default();
                 let netns = netns_of_ip(ip).unwrap_or_else(|| panic!("no network namespace has {ip}"));
-                let q = isthmus_qdiscs(&netns);
-                assert_eq!(q.map(|q| q.1), Some(DESTINATIONS), "src pod {ip} right after Ready: (htb, tbf) = {q:?}");
+                let impaired = target.impaired(&netns);
+                assert_eq!(
+                    impaired,
+                    Some(target.expected()),
+                    "src pod {ip} right after Ready: destinations impaired in its kernel"
+                );
             }
-            println!("round 0: at Ready every src pod's eth0 already had HTB + {DESTINATIONS} TBF (host-side tc)");
+            println!("round 0: at Ready every src pod's kernel already had {}", target.datapath.evidence());
         }
         let (started, kubectl_ms) = apply_link(&ns, "30Mbit");
         edit_kubectl.push(kubectl_ms);
@@ -299,7 +409,7 @@ fn main() {
             .expect("a Ready src pod");
         let victim = victim["metadata"]["name"].as_str().unwrap().to_owned();
         kubectl(&["-n", &ns.name, "delete", "pod", &victim, "--wait=false"]);
-        // The new pod: once the watch shows its IP, a thread finds its netns and polls its qdiscs; the same
+        // The new pod: once the watch shows its IP, a thread finds its netns and polls its kernel state; the same
         // watch gives the instant it is Ready (possibly in the very event that first carries the IP).
         let mut new_pod: Option<(String, String)> = None;
         let mut poller = None;
@@ -311,7 +421,7 @@ fn main() {
                     return None;
                 }
                 let ip = pod["status"]["podIP"].as_str()?.to_owned();
-                poller = Some(spawn_impairment_poller(ip.clone()));
+                poller = Some(spawn_impairment_poller(ip.clone(), target.clone()));
                 new_pod = Some((name.to_owned(), ip));
             }
             (new_pod.as_ref().is_some_and(|(n, _)| n == name) && pod_ready(pod)).then_some(at)
@@ -319,7 +429,7 @@ fn main() {
         let (name, ip) = new_pod.expect("the replacement pod");
         known.insert(name.clone());
         let applied = poller.expect("a poller for the replacement pod");
-        let applied_at = applied.join().expect("qdisc poller");
+        let applied_at = applied.join().expect("impairment poller");
         let ms = ms_between(ready_at, applied_at);
         if ms < 0.0 {
             applied_before_ready += 1;
@@ -346,7 +456,8 @@ fn main() {
     println!("{}", row("the `kubectl apply` (edit) process alone", &edit_kubectl, ""));
     println!("{}", row("edit (generation 2) seen by a watch → Ready", &from_edit_seen, ""));
     println!("{}", row("`kubectl delete` → link gone (finalizer done)", &delete_to_gone, ""));
-    println!("{}", row("replacement pod Ready → HTB + 10 TBF in its netns", &replacement_ms, "p50 ≤ 300, p99 ≤ 1000"));
+    let replaced = format!("replacement pod Ready → {}", target.datapath.evidence());
+    println!("{}", row(&replaced, &replacement_ms, "p50 ≤ 300, p99 ≤ 1000"));
     println!(
         "(replacement: {applied_before_ready} of {} impaired before the watch saw Ready: negative)",
         replacement_ms.len()
