@@ -384,6 +384,7 @@ def report(measured_tsv, links_json):
     if len(rows[0]) > 9:
         print("under bulk: UDP echoes while the same pod sends TCP bulk the same way, which fills the direction's")
         print("queue; expected max(queueLimit x 1514 B x 8 / rate, one way latency + jitter) + the way back.")
+        print("A direction with a queueLimit reports that bulk transfer's goodput.")
     for n in notes:
         print(n)
     return 0
