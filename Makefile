@@ -142,11 +142,11 @@ demo: ## cluster up, images, isthmus, EXAMPLE (default examples/three-regions.ya
 EXAMPLES_MEASURED := examples/lossy-lte-uplink.yaml examples/dummynet-queues.yaml examples/long-fat-network.yaml examples/three-regions.yaml
 .PHONY: examples-measure
 examples-measure: ## make demo for each of EXAMPLES (default: the seed scenarios) on one cluster, one after another: images built once, each example's namespace deleted after its table, the cluster left up
-	@rc=0; skip=$${ISTHMUS_DEMO_SKIP_IMAGES:-0}; \
+	@rc=0; skip=$${ISTHMUS_DEMO_SKIP_IMAGES:-0}; verdicts=; \
 	for f in $(or $(EXAMPLES),$(EXAMPLES_MEASURED)); do \
-	  ISTHMUS_DEMO_SKIP_IMAGES=$$skip e2e/demo $$f || { rc=1; echo "examples-measure: $$f FAILED (above)"; }; \
-	  skip=1; \
+	  if ISTHMUS_DEMO_SKIP_IMAGES=$$skip e2e/demo $$f; then v=ok; else rc=1; v="FAILED (its table above)"; fi; \
+	  skip=1; verdicts="$$verdicts  $$f: $$v"$$'\n'; \
 	  ns=$$(python3 e2e/demo_links.py namespace $$f) && \
 	    e2e/cluster/cluster kubectl delete namespace "$$ns" --ignore-not-found --wait --timeout=300s >/dev/null || rc=1; \
-	done; exit $$rc
+	done; printf 'examples-measure:\n%s' "$$verdicts"; exit $$rc
 
