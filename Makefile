@@ -135,6 +135,18 @@ e2e-kind: ## make e2e through kind (cluster isthmus-kind); where no Docker answe
 bench-cluster: ## issue 7 benchmark on a real 2-node cluster, 20 pods: apply → Ready and replacement pod Ready → impaired (table; docs/benchmarks.md); BENCH_DATAPATH=tc (default) or userspace
 	ISTHMUS_E2E_BENCH=1 BENCH_DATAPATH=$(or $(BENCH_DATAPATH),tc) e2e/suite/run
 
-demo: ## cluster up, images, isthmus, examples/three-regions.yaml, then a table of configured vs measured per pair; leaves the cluster up
-	e2e/demo
+demo: ## cluster up, images, isthmus, EXAMPLE (default examples/three-regions.yaml), then a table of configured vs measured per pair and direction; leaves the cluster up
+	e2e/demo $(EXAMPLE)
+
+# Not in `make test`: tables to read, one per example (the demo's one-sided checks still set the exit status).
+EXAMPLES_MEASURED := examples/lossy-lte-uplink.yaml examples/dummynet-queues.yaml examples/long-fat-network.yaml examples/three-regions.yaml
+.PHONY: examples-measure
+examples-measure: ## make demo for each of EXAMPLES (default: the seed scenarios) on one cluster, one after another: images built once, each example's namespace deleted after its table, the cluster left up
+	@rc=0; skip=$${ISTHMUS_DEMO_SKIP_IMAGES:-0}; verdicts=; \
+	for f in $(or $(EXAMPLES),$(EXAMPLES_MEASURED)); do \
+	  if ISTHMUS_DEMO_SKIP_IMAGES=$$skip e2e/demo $$f; then v=ok; else rc=1; v="FAILED (its table above)"; fi; \
+	  skip=1; verdicts="$$verdicts  $$f: $$v"$$'\n'; \
+	  ns=$$(python3 e2e/demo_links.py namespace $$f) && \
+	    e2e/cluster/cluster kubectl delete namespace "$$ns" --ignore-not-found --wait --timeout=300s >/dev/null || rc=1; \
+	done; printf 'examples-measure:\n%s' "$$verdicts"; exit $$rc
 
