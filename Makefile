@@ -9,7 +9,7 @@ help:
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | sort
 
 # The stages of `make test`, in order. A failing stage does not stop the others: every result is reported.
-TEST_STAGES := unit operator-it chart-lint examples-validate images-test arm64-test kernel-test cluster-smoke e2e e2e-vm
+TEST_STAGES := unit operator-it chart-lint examples-validate min-k8s images-test arm64-test kernel-test cluster-smoke e2e e2e-vm
 
 test: ## the whole suite: unit and host-kernel tests, API-server tests, chart, stock-kernel rig, real cluster smoke, end-to-end on this kernel and on stock-kernel nodes; every stage runs, a table of results ends it
 	@e2e/run-stages $(TEST_STAGES)
@@ -103,6 +103,11 @@ chart-lint: ## helm lint/template of charts/isthmus against a real 1.34 API serv
 
 examples-validate: ## every examples/*.yaml through kubectl apply --dry-run=server with the NetworkLink CRD installed
 	examples/validate.sh
+
+.PHONY: min-k8s
+
+min-k8s: ## the oldest supported Kubernetes (1.32, ISTHMUS_K8S_VERSION): CRDs Established, a pod-bound token names its node, examples-validate and chart-lint's server dry runs and helm install, on its own control planes (first run builds it)
+	e2e/cluster/min-k8s
 
 # ---- Fuzzing (needs a nightly toolchain; not part of `make test`)
 .PHONY: fuzz

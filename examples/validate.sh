@@ -7,7 +7,8 @@
 #     examples' Namespaces are created, and each file passes `kubectl apply --dry-run=server --validate=strict`
 #     (OpenAPI schema, CEL rules, unknown fields refused);
 #   - a broken copy of an example (a bandwidth in mbps) is refused with the field named, proving the CRD checked.
-# Environment: ISTHMUS_CLUSTER_NAME (default examples-validate).
+# Environment: ISTHMUS_CLUSTER_NAME (default examples-validate), ISTHMUS_K8S_VERSION (the cluster's Kubernetes,
+# default v1.34.12; make min-k8s runs this on v1.32.13).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"

@@ -1,14 +1,19 @@
 # Shared by the providers: names, paths, logging, process control. Sourced by ../cluster.
-K8S_VERSION=v1.34.12
 CLUSTER_HOME=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 ISTHMUS_CACHE=${ISTHMUS_CACHE:-$HOME/.cache/isthmus}
-K8S_BIN=$ISTHMUS_CACHE/k8s/$K8S_VERSION/bin
 CLUSTER_NAME=${ISTHMUS_CLUSTER_NAME:-isthmus}
 case $CLUSTER_NAME in
   *[!a-z0-9-]*|''|-*) echo "cluster: ISTHMUS_CLUSTER_NAME must be lower-case letters, digits and '-' (got '$CLUSTER_NAME')" >&2; exit 2 ;;
 esac
 # Everything a cluster writes at run time lives here (configs, PKI, logs, etcd and containerd data).
 CLUSTER_DIR=${ISTHMUS_CLUSTER_DIR:-/tmp/isthmus-cluster/$CLUSTER_NAME}
+# The default version runs everything; ISTHMUS_K8S_VERSION=v1.32.13 (the oldest supported) only a
+# control-plane-only cluster (lib/install-k8s.sh builds no nodes' binaries of it). A running cluster records
+# its version, so `kubectl` and `down` of that cluster use its binaries without being told again.
+DEFAULT_K8S_VERSION=v1.34.12
+K8S_VERSION=${ISTHMUS_K8S_VERSION:-$(cat "$CLUSTER_DIR/k8s-version" 2>/dev/null || echo "$DEFAULT_K8S_VERSION")}
+export ISTHMUS_K8S_VERSION=$K8S_VERSION
+K8S_BIN=$ISTHMUS_CACHE/k8s/$K8S_VERSION/bin
 
 T0=$(date +%s.%N)
 log() { printf '[%s +%6.2fs] %s\n' "$(date -u +%T)" "$(awk -v a="$T0" -v b="$(date +%s.%N)" 'BEGIN{print b-a}')" "$*" >&2; }

@@ -243,6 +243,7 @@ local_up() { # NODES CONTROL_PLANE_ONLY
   mkdir -p "$CLUSTER_DIR"/{logs,pids,images/loaded}
   if [ -n "$cp_only" ]; then
     echo control-plane >"$CLUSTER_DIR/mode"
+    echo "$K8S_VERSION" >"$CLUSTER_DIR/k8s-version"
     trap "up_failed local_down" EXIT
     API_PORT=$(free_port)
     echo "$API_PORT" >"$CLUSTER_DIR/api-port"
