@@ -9,7 +9,7 @@ help:
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | sort
 
 # The stages of `make test`, in order. A failing stage does not stop the others: every result is reported.
-TEST_STAGES := unit operator-it chart-lint examples-validate min-k8s images-test arm64-test kernel-test cluster-smoke e2e e2e-vm
+TEST_STAGES := unit operator-it chart-lint examples-validate images-test arm64-test kernel-test cluster-smoke e2e e2e-vm
 
 test: ## the whole suite: unit and host-kernel tests, API-server tests, chart, stock-kernel rig, real cluster smoke, end-to-end on this kernel and on stock-kernel nodes; every stage runs, a table of results ends it
 	@e2e/run-stages $(TEST_STAGES)
