@@ -135,6 +135,12 @@ struct ServeArgs {
     /// TokenReview and a SubjectAccessReview). Unset: not served (/metrics stays on the API port, mutual TLS).
     #[arg(long, env = "ISTHMUS_METRICS_LISTEN")]
     metrics_listen: Option<SocketAddr>,
+    /// With `--tls-source csr`: a DNS name the serving certificate carries besides the node's, the same on every
+    /// node (the chart: the agents' metrics Service, `<service>.<namespace>.svc`), so that a scraper can verify
+    /// every agent under one name. The operator must be configured with the same name (its
+    /// `--agent-shared-dns-name`), or it denies the request. Empty: the node's name only.
+    #[arg(long, env = "ISTHMUS_SHARED_DNS_NAME", default_value = "")]
+    shared_dns_name: String,
     /// Where the serving certificate comes from.
     #[arg(long, env = "ISTHMUS_TLS_SOURCE", value_enum, default_value = "files")]
     tls_source: TlsSourceArg,
@@ -306,7 +312,14 @@ async fn serve(args: ServeArgs, common: CommonArgs) -> anyhow::Result<()> {
             let ca = Arc::new(TrustedBundle::default());
             // Both run for the agent's lifetime (renewing the certificate, following the bundle); nothing waits
             // for them.
-            drop(isthmus_agent::csr::spawn(client.clone(), node_name.clone(), certificate.clone(), ca.clone()));
+            let shared_name = Some(args.shared_dns_name.clone()).filter(|n| !n.is_empty());
+            drop(isthmus_agent::csr::spawn(
+                client.clone(),
+                node_name.clone(),
+                shared_name,
+                certificate.clone(),
+                ca.clone(),
+            ));
             drop(isthmus_agent::ca_bundle::spawn(client, args.namespace.clone(), args.ca_bundle.clone(), ca.clone()));
             (TlsSource::Issued { ca, certificate }, None)
         }

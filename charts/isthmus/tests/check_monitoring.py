@@ -55,6 +55,9 @@ def main():
             check(ep.get("port") == "api" and ep.get("scheme") == "https", f"{d['metadata']['name']}: agent endpoint {ep}")
             check(tls.get("keySecret", {}).get("name", "").endswith("-metrics-scraper-tls"),
                   f"{d['metadata']['name']}: the scraper's client certificate")
+            check(tls.get("serverName") == "isthmus-agent-metrics.isthmus-system.svc" and not tls.get("insecureSkipVerify")
+                  and tls.get("ca", {}).get("configMap", {}).get("name") == "isthmus-ca-bundle",
+                  f"{d['metadata']['name']}: the agents verified under their shared name: {tls}")
         else:
             check(ep.get("port") == "metrics" and "tlsConfig" not in ep, f"{d['metadata']['name']}: operator endpoint {ep}")
     # auth: token: the agents' ServiceMonitor scrapes the metrics port with Prometheus' own token; the
@@ -64,7 +67,14 @@ def main():
     check(ep.get("port") == "metrics" and ep.get("scheme") == "https"
           and ep.get("bearerTokenFile") == "/var/run/secrets/kubernetes.io/serviceaccount/token"
           and ep.get("tlsConfig", {}).get("ca", {}).get("configMap", {}).get("name", "").endswith("-ca-bundle")
-          and "keySecret" not in ep.get("tlsConfig", {}), f"token: agent endpoint {ep}")
+          and "keySecret" not in ep.get("tlsConfig", {}) and not ep["tlsConfig"].get("insecureSkipVerify"),
+          f"token: agent endpoint {ep}")
+    # The name the scrape verifies is the one the agents ask for, the operator signs, and the Service has.
+    shared = ep["tlsConfig"].get("serverName")
+    op_env = {e["name"]: e.get("value") for e in container(token, "Deployment", "-operator")["env"]}
+    agent_env = {e["name"]: e.get("value") for e in container(token, "DaemonSet", "-agent")["env"]}
+    check(shared == agent_env.get("ISTHMUS_SHARED_DNS_NAME") == op_env.get("ISTHMUS_AGENT_SHARED_DNS_NAME")
+          == "isthmus-agent-metrics.isthmus-system.svc", f"token: shared name {shared} {agent_env} {op_env}")
     agent = container(token, "DaemonSet", "-agent")
     ports = {p["name"]: p["containerPort"] for p in agent["ports"]}
     env = {e["name"]: e.get("value") for e in agent["env"]}
