@@ -79,6 +79,13 @@ impl Outcome {
     pub const ALL: [Outcome; 4] = [Outcome::Allowed, Outcome::Unauthenticated, Outcome::Forbidden, Outcome::Error];
 }
 
+impl Outcome {
+    /// What [`MetricsAuth::authorize`] came to.
+    pub fn of(result: &Result<Decision, ReviewError>) -> Self {
+        result.as_ref().map_or(Outcome::Error, |d| (*d).into())
+    }
+}
+
 impl From<Decision> for Outcome {
     fn from(decision: Decision) -> Self {
         match decision {
@@ -209,23 +216,17 @@ impl<R: Reviewer> MetricsAuth<R> {
         Self { reviewer, cache: Mutex::new(cache) }
     }
 
-    /// The outcome for a request with this `Authorization` header value.
-    pub async fn authorize(&self, authorization: Option<&[u8]>) -> Outcome {
-        let Some(token) = bearer_token(authorization) else { return Outcome::Unauthenticated };
+    /// The decision for a request with this `Authorization` header value, or why none could be made (the
+    /// caller logs it and answers 503; [`Outcome::of`]).
+    pub async fn authorize(&self, authorization: Option<&[u8]>) -> Result<Decision, ReviewError> {
+        let Some(token) = bearer_token(authorization) else { return Ok(Decision::Unauthenticated) };
         let key = TokenKey::of(token);
         if let Some(decision) = self.lock().get(&key, Instant::now()) {
-            return decision.into();
+            return Ok(decision);
         }
-        match self.reviewer.review(token).await {
-            Ok(decision) => {
-                self.lock().insert(key, decision, Instant::now());
-                decision.into()
-            }
-            Err(e) => {
-                tracing_free_warn(&e);
-                Outcome::Error
-            }
-        }
+        let decision = self.reviewer.review(token).await?;
+        self.lock().insert(key, decision, Instant::now());
+        Ok(decision)
     }
 
     /// Decisions remembered now.
@@ -236,12 +237,6 @@ impl<R: Reviewer> MetricsAuth<R> {
     fn lock(&self) -> std::sync::MutexGuard<'_, DecisionCache> {
         self.cache.lock().unwrap_or_else(|p| p.into_inner())
     }
-}
-
-/// This crate logs nothing (it has no `tracing`); the error goes to stderr once per failed review, and the
-/// binaries count it (`outcome="error"`).
-fn tracing_free_warn(e: &ReviewError) {
-    eprintln!("metrics authorization: review failed: {e}");
 }
 
 /// The [`Reviewer`] that asks the API server: a TokenReview, then a SubjectAccessReview for the user it names.
@@ -403,17 +398,17 @@ mod tests {
     #[tokio::test]
     async fn requests_get_401_403_or_200_and_repeated_tokens_are_not_reviewed_again() {
         let auth = auth();
-        assert_eq!(auth.authorize(None).await, Outcome::Unauthenticated);
-        assert_eq!(auth.authorize(Some(b"Basic abc")).await, Outcome::Unauthenticated);
+        assert_eq!(Outcome::of(&auth.authorize(None).await), Outcome::Unauthenticated);
+        assert_eq!(Outcome::of(&auth.authorize(Some(b"Basic abc")).await), Outcome::Unauthenticated);
         assert_eq!(auth.reviewer.reviews.load(Ordering::SeqCst), 0, "no review without a token");
-        assert_eq!(auth.authorize(Some(b"Bearer forged")).await, Outcome::Unauthenticated);
-        assert_eq!(auth.authorize(Some(b"Bearer stranger")).await, Outcome::Forbidden);
-        assert_eq!(auth.authorize(Some(b"Bearer reader")).await, Outcome::Allowed);
+        assert_eq!(Outcome::of(&auth.authorize(Some(b"Bearer forged")).await), Outcome::Unauthenticated);
+        assert_eq!(Outcome::of(&auth.authorize(Some(b"Bearer stranger")).await), Outcome::Forbidden);
+        assert_eq!(Outcome::of(&auth.authorize(Some(b"Bearer reader")).await), Outcome::Allowed);
         assert_eq!(auth.reviewer.reviews.load(Ordering::SeqCst), 3);
         for _ in 0..5 {
-            assert_eq!(auth.authorize(Some(b"Bearer reader")).await, Outcome::Allowed);
-            assert_eq!(auth.authorize(Some(b"Bearer stranger")).await, Outcome::Forbidden);
-            assert_eq!(auth.authorize(Some(b"Bearer forged")).await, Outcome::Unauthenticated);
+            assert_eq!(Outcome::of(&auth.authorize(Some(b"Bearer reader")).await), Outcome::Allowed);
+            assert_eq!(Outcome::of(&auth.authorize(Some(b"Bearer stranger")).await), Outcome::Forbidden);
+            assert_eq!(Outcome::of(&auth.authorize(Some(b"Bearer forged")).await), Outcome::Unauthenticated);
         }
         assert_eq!(auth.reviewer.reviews.load(Ordering::SeqCst), 3, "cached");
         assert_eq!(
@@ -425,8 +420,8 @@ mod tests {
     #[tokio::test]
     async fn a_failed_review_is_an_error_and_not_cached() {
         let auth = auth();
-        assert_eq!(auth.authorize(Some(b"Bearer broken")).await, Outcome::Error);
-        assert_eq!(auth.authorize(Some(b"Bearer broken")).await, Outcome::Error);
+        assert_eq!(Outcome::of(&auth.authorize(Some(b"Bearer broken")).await), Outcome::Error);
+        assert_eq!(Outcome::of(&auth.authorize(Some(b"Bearer broken")).await), Outcome::Error);
         assert_eq!(auth.reviewer.reviews.load(Ordering::SeqCst), 2);
         assert_eq!(auth.cached(), 0);
     }
@@ -435,7 +430,7 @@ mod tests {
     async fn the_cache_keeps_hashes_not_tokens() {
         let auth = auth();
         let token = "eyJhbGciOiJSUzI1NiJ9.secret-claims.signature";
-        let _ = auth.authorize(Some(format!("Bearer {token}").as_bytes())).await;
+        let _ = Outcome::of(&auth.authorize(Some(format!("Bearer {token}").as_bytes())).await);
         assert_eq!(auth.cached(), 1);
         let dump = format!("{:?}", auth.cache.lock().unwrap());
         assert!(!dump.contains(token) && !dump.contains("secret-claims"), "{dump}");

@@ -86,7 +86,11 @@ async fn require_token<R: Reviewer>(
     next: Next,
 ) -> Response {
     let header = request.headers().get(axum::http::header::AUTHORIZATION).map(|v| v.as_bytes());
-    let outcome = auth.authorize(header).await;
+    let result = auth.authorize(header).await;
+    let outcome = Outcome::of(&result);
+    if let Err(e) = &result {
+        tracing::warn!(error = %e, "/metrics: the caller's token could not be reviewed");
+    }
     metrics.count_metrics_auth(outcome);
     match outcome {
         Outcome::Allowed => next.run(request).await,

@@ -526,5 +526,14 @@ mod tests {
         let (operator, _) = set.issue_client("node-a.node.isthmus", OffsetDateTime::now_utc(), DAY).unwrap();
         let operator = certificates(&operator).unwrap().remove(0);
         assert!(check("node-a.node.isthmus", &operator).is_err(), "a client certificate is no serving certificate");
+        assert!(check("isthmus-agent-metrics.isthmus-system.svc", &der).is_err(), "no shared name unless signed");
+
+        // With the agents' shared name: valid for the node's name and the shared one, still not for another node.
+        let shared = "isthmus-agent-metrics.isthmus-system.svc";
+        let cert = set.sign_serving(&public_key, "node-a.node.isthmus", Some(shared), OffsetDateTime::now_utc(), DAY);
+        let der = certificates(&cert.unwrap()).unwrap().remove(0);
+        assert!(check("node-a.node.isthmus", &der).is_ok());
+        assert!(check(shared, &der).is_ok());
+        assert!(check("node-b.node.isthmus", &der).is_err());
     }
 }
