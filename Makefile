@@ -82,7 +82,7 @@ images-test: ## tests of the image pipeline (archive checks, determinism) on bus
 # ---- operator against a real control plane (etcd + kube-apiserver + controller-manager; e2e/cluster/README.md)
 .PHONY: operator-it
 
-operator-it: ## operator integration tests (CRD, finalizer, status, leader hand-over and fencing, `uninstall` subcommand, a real agent on 127.0.0.1, the readiness gate) and `kubectl isthmus` on a throwaway control plane
+operator-it: ## operator integration tests (CRD, finalizer, status, leader hand-over and fencing, `uninstall` subcommand, a real agent on 127.0.0.1, the readiness gate, the agent's /metrics by ServiceAccount token) and `kubectl isthmus` on a throwaway control plane
 	@export ISTHMUS_CLUSTER_NAME=operator-it-$$$$; \
 	trap 'e2e/cluster/cluster down >/dev/null' EXIT; \
 	cargo build -p isthmus-agent && \
@@ -93,6 +93,7 @@ operator-it: ## operator integration tests (CRD, finalizer, status, leader hand-
 	cargo test -p isthmus-operator --test leader -- --ignored && \
 	cargo test -p isthmus-operator --test uninstall -- --ignored && \
 	cargo test -p isthmus-operator --test apiserver -- --ignored && \
+	cargo test -p isthmus-agent --test agent_metrics_token -- --ignored && \
 	cargo test -p kubectl-isthmus --test apiserver -- --ignored
 
 # ---- Helm chart and examples (each starts its own control-plane-only cluster, ~10 s, and tears it down)

@@ -26,6 +26,12 @@
 //! Secret), may read `/metrics` on the same port and nothing else: per-destination metrics name tenants' links
 //! and pods, so they are not served to anonymous callers.
 //!
+//! A third way to `/metrics`, on a port of its own (`--metrics-listen`, the chart's `agent.metricsPort`): HTTPS
+//! with the same serving certificate but no client certificate, for a ServiceAccount token checked with a
+//! TokenReview and a SubjectAccessReview (`isthmus_agent_api::metrics_auth`), the convention Prometheus and
+//! the Prometheus Operator follow. Only `/metrics` is served there, so the reasons above still hold for
+//! everything else: a token can never reach a plan, and the API port's handshake still requires a certificate.
+//!
 //! # Where the certificates come from
 //! - [`TlsSource::Issued`] (the chart's): the agent's serving certificate comes from the Kubernetes
 //!   CertificateSigningRequest API (`crate::csr`), for the DNS name of its node
@@ -178,20 +184,22 @@ impl TlsSource {
     }
 }
 
-/// The agent's current TLS server configuration, replaced when its material changes.
+/// The agent's current TLS server configurations, replaced when its material changes: the API's (client
+/// certificates required) and the metrics listener's (the same serving certificate, no client certificate: its
+/// callers present bearer tokens).
 #[derive(Debug)]
 pub struct ReloadingTls {
     source: TlsSource,
     loaded: Mutex<TlsMaterial>,
-    current: RwLock<Arc<ServerConfig>>,
+    current: RwLock<(Arc<ServerConfig>, Arc<ServerConfig>)>,
 }
 
 impl ReloadingTls {
     /// Loads the material; fails when it is missing or invalid (the agent must not serve without it).
     pub fn load(source: TlsSource) -> Result<Self, AuthError> {
         let material = source.read()?;
-        let config = build_server_config(&source.files(), &material)?;
-        Ok(Self { source, loaded: Mutex::new(material), current: RwLock::new(config) })
+        let configs = build_server_configs(&source.files(), &material)?;
+        Ok(Self { source, loaded: Mutex::new(material), current: RwLock::new(configs) })
     }
 
     /// Loads the material once it is complete, checking every `interval` (an issued certificate and the CA
@@ -213,9 +221,14 @@ impl ReloadingTls {
         }
     }
 
-    /// The configuration for the next connection.
+    /// The API's configuration for the next connection.
     pub fn current(&self) -> Arc<ServerConfig> {
-        self.current.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.current.read().unwrap_or_else(|p| p.into_inner()).0.clone()
+    }
+
+    /// The metrics listener's configuration for the next connection (no client certificate asked for).
+    pub fn current_without_client_auth(&self) -> Arc<ServerConfig> {
+        self.current.read().unwrap_or_else(|p| p.into_inner()).1.clone()
     }
 
     /// Re-reads the files; true when a new configuration took effect.
@@ -225,8 +238,8 @@ impl ReloadingTls {
         if *loaded == material {
             return Ok(false);
         }
-        let config = build_server_config(&self.source.files(), &material)?;
-        *self.current.write().unwrap_or_else(|p| p.into_inner()) = config;
+        let configs = build_server_configs(&self.source.files(), &material)?;
+        *self.current.write().unwrap_or_else(|p| p.into_inner()) = configs;
         *loaded = material;
         Ok(true)
     }
@@ -260,8 +273,19 @@ impl ReloadingTls {
     }
 }
 
-fn build_server_config(files: &TlsFiles, material: &TlsMaterial) -> Result<Arc<ServerConfig>, AuthError> {
+/// The API's configuration and the metrics listener's.
+fn build_server_configs(
+    files: &TlsFiles,
+    material: &TlsMaterial,
+) -> Result<(Arc<ServerConfig>, Arc<ServerConfig>), AuthError> {
     let provider = crypto_provider();
+    let mut metrics = ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(TlsError::from)?
+        .with_no_client_auth()
+        .with_single_cert(material.certificate_chain(files)?, material.private_key(files)?)
+        .map_err(TlsError::from)?;
+    metrics.alpn_protocols = vec![b"http/1.1".to_vec()];
     // Client certificates are mandatory: a connection without one fails the handshake.
     let verifier =
         WebPkiClientVerifier::builder_with_provider(Arc::new(material.root_store(files)?), provider.clone()).build()?;
@@ -272,5 +296,5 @@ fn build_server_config(files: &TlsFiles, material: &TlsMaterial) -> Result<Arc<S
         .with_single_cert(material.certificate_chain(files)?, material.private_key(files)?)
         .map_err(TlsError::from)?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(Arc::new(config))
+    Ok((Arc::new(config), Arc::new(metrics)))
 }

@@ -58,11 +58,14 @@ pub struct Issued {
     pub remaining: Duration,
 }
 
-/// Requests one certificate for `node` and waits until it is signed.
-pub async fn request(client: &Client, node: &str) -> Result<Issued, CsrError> {
+/// Requests one certificate for `node` (and `shared_name`, the name every agent carries for its metrics
+/// Service, when given: the operator signs it only when configured with the same name) and waits until it is
+/// signed.
+pub async fn request(client: &Client, node: &str, shared_name: Option<&str>) -> Result<Issued, CsrError> {
     let dns_name = node_server_name(node)?;
     let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
-    let mut params = rcgen::CertificateParams::new(vec![dns_name.clone()])?;
+    let names = std::iter::once(dns_name.clone()).chain(shared_name.map(str::to_owned)).collect::<Vec<_>>();
+    let mut params = rcgen::CertificateParams::new(names)?;
     params.distinguished_name.push(rcgen::DnType::CommonName, dns_name);
     let pem = params.serialize_request(&key)?.pem()?;
     let api: Api<CertificateSigningRequest> = Api::all(client.clone());
@@ -153,13 +156,14 @@ fn label_value(node: &str) -> String {
 pub fn spawn(
     client: Client,
     node: String,
+    shared_name: Option<String>,
     into: Arc<IssuedCertificate>,
     bundle: Arc<TrustedBundle>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut backoff = Duration::from_secs(2);
         loop {
-            match request(&client, &node).await {
+            match request(&client, &node, shared_name.as_deref()).await {
                 Ok(issued) => {
                     let renew_in = issued.remaining.mul_f64(2.0 / 3.0);
                     tracing::info!(node = %node, valid_for = ?issued.remaining, ?renew_in, "serving certificate issued");

@@ -22,7 +22,8 @@ use isthmus_agent::measure::{self, ProbeConfig};
 use isthmus_agent::metrics::Metrics;
 use isthmus_agent::netns::{Netns, Sources};
 use isthmus_agent::node::{self, DatapathChoice, Node, NodeConfig};
-use isthmus_agent::server::{self, Health, Limits, PlainListener, TlsListener};
+use isthmus_agent::server::{self, Health, Limits, MetricsTlsListener, PlainListener, TlsListener};
+use isthmus_agent_api::metrics_auth::{DecisionCache, KubeReviewer, MetricsAuth};
 use isthmus_agent_api::tls::TlsFiles;
 
 #[derive(Debug, Parser)]
@@ -129,6 +130,17 @@ struct ServeArgs {
     /// Address of /healthz and /readyz (plain HTTP).
     #[arg(long, env = "ISTHMUS_HEALTH_LISTEN", default_value = "0.0.0.0:9464")]
     health_listen: SocketAddr,
+    /// Address of /metrics for a ServiceAccount token (HTTPS with the serving certificate, no client
+    /// certificate; the token's user must be allowed `get` on the non-resource URL /metrics, checked with a
+    /// TokenReview and a SubjectAccessReview). Unset: not served (/metrics stays on the API port, mutual TLS).
+    #[arg(long, env = "ISTHMUS_METRICS_LISTEN")]
+    metrics_listen: Option<SocketAddr>,
+    /// With `--tls-source csr`: a DNS name the serving certificate carries besides the node's, the same on every
+    /// node (the chart: the agents' metrics Service, `<service>.<namespace>.svc`), so that a scraper can verify
+    /// every agent under one name. The operator must be configured with the same name (its
+    /// `--agent-shared-dns-name`), or it denies the request. Empty: the node's name only.
+    #[arg(long, env = "ISTHMUS_SHARED_DNS_NAME", default_value = "")]
+    shared_dns_name: String,
     /// Where the serving certificate comes from.
     #[arg(long, env = "ISTHMUS_TLS_SOURCE", value_enum, default_value = "files")]
     tls_source: TlsSourceArg,
@@ -300,7 +312,14 @@ async fn serve(args: ServeArgs, common: CommonArgs) -> anyhow::Result<()> {
             let ca = Arc::new(TrustedBundle::default());
             // Both run for the agent's lifetime (renewing the certificate, following the bundle); nothing waits
             // for them.
-            drop(isthmus_agent::csr::spawn(client.clone(), node_name.clone(), certificate.clone(), ca.clone()));
+            let shared_name = Some(args.shared_dns_name.clone()).filter(|n| !n.is_empty());
+            drop(isthmus_agent::csr::spawn(
+                client.clone(),
+                node_name.clone(),
+                shared_name,
+                certificate.clone(),
+                ca.clone(),
+            ));
             drop(isthmus_agent::ca_bundle::spawn(client, args.namespace.clone(), args.ca_bundle.clone(), ca.clone()));
             (TlsSource::Issued { ca, certificate }, None)
         }
@@ -372,6 +391,21 @@ async fn serve(args: ServeArgs, common: CommonArgs) -> anyhow::Result<()> {
     let tcp = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding --listen {}", args.listen))?;
+    let metrics_server = match args.metrics_listen {
+        None => None,
+        Some(addr) => {
+            let client = kube::Client::try_default().await.context("connecting to the Kubernetes API")?;
+            let auth = Arc::new(MetricsAuth::new(KubeReviewer::new(client), DecisionCache::default()));
+            let tcp = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding --metrics-listen {addr}"))?;
+            let listener = MetricsTlsListener::new(tcp, tls.clone(), metrics.clone(), Limits::METRICS)?;
+            let mut stop = stop_rx.clone();
+            Some(tokio::spawn(server::serve_metrics(listener, node.clone(), metrics.clone(), auth, async move {
+                let _ = stop.wait_for(|s| *s).await;
+            })))
+        }
+    };
     let operator = callers.operator.name();
     let scraper = callers.scraper.as_ref().map(Identity::name);
     let listener = TlsListener::new(tcp, tls, callers, metrics.clone(), Limits::API)?;
@@ -380,6 +414,7 @@ async fn serve(args: ServeArgs, common: CommonArgs) -> anyhow::Result<()> {
         node = %node_name,
         api = %args.listen,
         health = %args.health_listen,
+        metrics = ?args.metrics_listen,
         %operator,
         ?scraper,
         queue_bytes_per_destination = queue_budget.per_destination(),
@@ -399,6 +434,9 @@ async fn serve(args: ServeArgs, common: CommonArgs) -> anyhow::Result<()> {
     if tokio::time::timeout(grace, async {
         let _ = api.await;
         let _ = health_task.await;
+        if let Some(metrics_server) = metrics_server {
+            let _ = metrics_server.await;
+        }
     })
     .await
     .is_err()

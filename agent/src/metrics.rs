@@ -123,6 +123,8 @@ impl Collector for LinkCounters {
 pub enum ListenerKind {
     Api,
     Health,
+    /// The HTTPS metrics listener (bearer tokens).
+    Metrics,
 }
 
 impl EncodeLabelValue for ListenerKind {
@@ -130,6 +132,7 @@ impl EncodeLabelValue for ListenerKind {
         encoder.write_str(match self {
             ListenerKind::Api => "api",
             ListenerKind::Health => "health",
+            ListenerKind::Metrics => "metrics",
         })
     }
 }
@@ -217,6 +220,8 @@ pub struct Metrics {
     pub forbidden_requests: Counter,
     pub gate: Family<GateLabels, Counter>,
     pub scrape_observes: Counter,
+    /// Requests to the metrics listener by what their bearer token got (`isthmus_agent_api::metrics_auth`).
+    pub metrics_auth: Family<OutcomeLabels, Counter>,
     /// The link probes' round trips and losses (`crate::measure`).
     pub probes: ProbeMetrics,
     /// The userspace loop's losses outside the emulators; brought up to the loop's totals under the lock, so
@@ -352,6 +357,16 @@ impl Metrics {
             "Reads of every pod's counters made for a scrape (concurrent and repeated scrapes share one)",
             scrape_observes.clone(),
         );
+        let metrics_auth = Family::<OutcomeLabels, Counter>::default();
+        for outcome in isthmus_agent_api::metrics_auth::Outcome::ALL {
+            let _ = metrics_auth.get_or_create(&OutcomeLabels { outcome: outcome.as_str().to_owned() });
+        }
+        registry.register(
+            "isthmus_agent_metrics_auth",
+            "Requests to the metrics listener by outcome of their bearer token: allowed, unauthenticated (401), \
+             forbidden (403), error (503: the TokenReview or SubjectAccessReview failed)",
+            metrics_auth.clone(),
+        );
         let loop_losses = Family::<LoopLossLabels, Counter>::default();
         registry.register(
             "isthmus_agent_userspace_lost",
@@ -385,6 +400,7 @@ impl Metrics {
             forbidden_requests,
             gate,
             scrape_observes,
+            metrics_auth,
             probes,
         }
     }
@@ -418,6 +434,10 @@ impl Metrics {
 
     pub fn count_apply(&self, outcome: &str) {
         self.applies.get_or_create(&OutcomeLabels { outcome: outcome.to_owned() }).inc();
+    }
+
+    pub fn count_metrics_auth(&self, outcome: isthmus_agent_api::metrics_auth::Outcome) {
+        self.metrics_auth.get_or_create(&OutcomeLabels { outcome: outcome.as_str().to_owned() }).inc();
     }
 
     pub fn count_gate(&self, listener: ListenerKind, outcome: GateOutcome) {

@@ -69,6 +69,11 @@ struct Args {
     /// signed.
     #[arg(long, env = "ISTHMUS_AGENT_SERVICE_ACCOUNT", default_value = "isthmus-agent")]
     agent_service_account: String,
+    /// A DNS name every agent's serving certificate may carry besides its node's, so that a scraper of all
+    /// agents can verify them under one name (the chart: the agents' metrics Service, `<service>.<ns>.svc`);
+    /// must end in `.svc`. Empty: only the node's name is signed.
+    #[arg(long, env = "ISTHMUS_AGENT_SHARED_DNS_NAME", default_value = "")]
+    agent_shared_dns_name: String,
     /// Label selector of the agent pods.
     #[arg(long, env = "ISTHMUS_AGENT_SELECTOR", default_value = "app.kubernetes.io/name=isthmus-agent")]
     agent_selector: String,
@@ -169,6 +174,14 @@ async fn main() -> anyhow::Result<()> {
     let pki = Pki::start(&client, pki_config).await.context("loading or creating the isthmus CA")?;
     let agent_client = Arc::new(AgentClient::new(ClientConfig::with_credentials(pki.credentials.clone())));
     let identity = args.identity();
+    if !args.agent_shared_dns_name.is_empty()
+        && !isthmus_operator::pki::review::valid_shared_name(&args.agent_shared_dns_name)
+    {
+        anyhow::bail!(
+            "--agent-shared-dns-name {:?}: a Service's DNS name (<service>.<namespace>.svc, no wildcard) is required",
+            args.agent_shared_dns_name
+        );
+    }
     let metrics = Arc::new(Metrics::new());
     let ready = Arc::new(AtomicBool::new(false));
 
@@ -332,6 +345,7 @@ impl Args {
             agent_service_account: self.agent_service_account.clone(),
             agent_labels: self.agent_selector.clone(),
             validity: Duration::from_secs(self.certificate_validity_hours * 3600),
+            agent_shared_name: Some(self.agent_shared_dns_name.clone()).filter(|n| !n.is_empty()),
         }
     }
 

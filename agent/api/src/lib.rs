@@ -10,6 +10,8 @@ mod groups;
 pub mod identity;
 pub mod impairment;
 pub mod measure;
+#[cfg(feature = "metrics-auth")]
+pub mod metrics_auth;
 pub mod plan;
 pub mod schedule;
 #[cfg(feature = "test-util")]

@@ -37,6 +37,7 @@ pub struct Limits {
 impl Limits {
     pub const API: Limits = Limits { connections: 64, stale_after: Duration::from_secs(5) };
     pub const HEALTH: Limits = Limits { connections: 32, stale_after: Duration::from_secs(5) };
+    pub const METRICS: Limits = Limits { connections: 16, stale_after: Duration::from_secs(5) };
 
     fn gate(self) -> Gate {
         Gate::new(self.connections, self.stale_after)
@@ -204,6 +205,65 @@ impl Listener for TlsListener {
 
     fn local_addr(&self) -> io::Result<Self::Addr> {
         Ok(Peer { addr: self.local, caller: Err("the listener itself".into()) })
+    }
+}
+
+/// The metrics listener: TLS with the agent's serving certificate and no client certificate (callers present a
+/// bearer token, checked per request), behind its own gate; handshakes on tasks of their own as in
+/// [`TlsListener`]. Every connection keeps its slot: no caller here is trusted before its token is.
+pub struct MetricsTlsListener {
+    connections: mpsc::Receiver<(Gated<TlsStream<TcpStream>>, SocketAddr)>,
+    local: SocketAddr,
+}
+
+impl MetricsTlsListener {
+    pub fn new(tcp: TcpListener, tls: Arc<ReloadingTls>, metrics: Arc<Metrics>, limits: Limits) -> io::Result<Self> {
+        let local = tcp.local_addr()?;
+        let (sender, connections) = mpsc::channel(16);
+        let gate = limits.gate();
+        tokio::spawn(async move {
+            loop {
+                let (stream, addr) = accept(&tcp, ListenerKind::Metrics).await;
+                let Some(slot) = admit(&gate, addr, &metrics, ListenerKind::Metrics) else { continue };
+                let acceptor = tokio_rustls::TlsAcceptor::from(tls.current_without_client_auth());
+                let connection_sender = sender.clone();
+                tokio::spawn(async move {
+                    let _ = stream.set_nodelay(true);
+                    let mut slot = slot;
+                    let outcome = tokio::select! {
+                        outcome = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)) => outcome,
+                        () = slot.evicted() => return,
+                    };
+                    match outcome {
+                        Ok(Ok(tls)) => {
+                            let _ = connection_sender.send((Gated { inner: tls, slot: Some(slot) }, addr)).await;
+                        }
+                        Ok(Err(e)) => tracing::debug!(peer = %addr, error = %e, "metrics TLS handshake failed"),
+                        Err(_) => tracing::debug!(peer = %addr, "metrics TLS handshake timed out"),
+                    }
+                });
+                if sender.is_closed() {
+                    return;
+                }
+            }
+        });
+        Ok(Self { connections, local })
+    }
+}
+
+impl Listener for MetricsTlsListener {
+    type Io = Gated<TlsStream<TcpStream>>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self.connections.recv().await {
+            Some(connection) => connection,
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<Self::Addr> {
+        Ok(self.local)
     }
 }
 

@@ -1,6 +1,8 @@
-//! The agent's two listeners (see [`listen`] for the connection gate in front of each):
+//! The agent's listeners (see [`listen`] for the connection gate in front of each):
 //! - the API (`PUT /v1/plan`, `GET /v1/observed`, `GET /v1/capabilities`, `GET /v1/measured`, `GET /metrics`): HTTP/1.1 + JSON over
 //!   mutual TLS; everything for the operator, `/metrics` also for the scraper identity (see [`crate::auth`]);
+//! - metrics (`GET /metrics` only), optional: HTTPS with the agent's serving certificate, for a ServiceAccount
+//!   token allowed `get` on the non-resource URL `/metrics` ([`isthmus_agent_api::metrics_auth`]);
 //! - health (`/healthz`, `/readyz`): plain HTTP on its own address, for kubelet probes. It carries neither
 //!   control nor anything about tenants.
 
@@ -22,7 +24,8 @@ use isthmus_agent_api::measure::MEASURED_PATH;
 use isthmus_agent_api::{CAPABILITIES_PATH, ErrorBody, MAX_PLAN_BYTES, OBSERVED_PATH, PLAN_PATH};
 use tokio::time::Instant;
 
-pub use listen::{Limits, Peer, PlainListener, TlsListener};
+use isthmus_agent_api::metrics_auth::{METRICS_PATH, MetricsAuth, Outcome, Reviewer};
+pub use listen::{Limits, MetricsTlsListener, Peer, PlainListener, TlsListener};
 
 use crate::auth::Caller;
 use crate::metrics::Metrics;
@@ -59,6 +62,64 @@ pub fn api_router(node: Arc<Node>, metrics: Arc<Metrics>) -> Router {
         .layer(middleware::from_fn_with_state((metrics, &[Caller::Operator, Caller::Scraper][..]), require_caller))
         .with_state(scrape);
     operator_only.merge(metrics_route).layer(middleware::from_fn_with_state(API_REQUEST_TIMEOUT, within))
+}
+
+/// The metrics listener's routes: `/metrics` for a bearer token allowed to read it, nothing else.
+pub fn metrics_router<R: Reviewer + 'static>(
+    node: Arc<Node>,
+    metrics: Arc<Metrics>,
+    auth: Arc<MetricsAuth<R>>,
+) -> Router {
+    let scrape = Arc::new(Scrape { node, metrics: metrics.clone(), last: Default::default() });
+    Router::new()
+        .route(METRICS_PATH, get(|State(scrape): State<Arc<Scrape>>| async move { scrape.render().await }))
+        .with_state(scrape)
+        .layer(middleware::from_fn_with_state((metrics, auth), require_token::<R>))
+        .layer(middleware::from_fn_with_state(HEALTH_REQUEST_TIMEOUT, within))
+}
+
+/// Answers 401, 403 or 503 unless the request's bearer token may `get` `/metrics`; counts every outcome. Runs
+/// before routing, so that an unknown path tells an unauthenticated caller nothing either.
+async fn require_token<R: Reviewer>(
+    State((metrics, auth)): State<(Arc<Metrics>, Arc<MetricsAuth<R>>)>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let header = request.headers().get(axum::http::header::AUTHORIZATION).map(|v| v.as_bytes());
+    let result = auth.authorize(header).await;
+    let outcome = Outcome::of(&result);
+    if let Err(e) = &result {
+        tracing::warn!(error = %e, "/metrics: the caller's token could not be reviewed");
+    }
+    metrics.count_metrics_auth(outcome);
+    match outcome {
+        Outcome::Allowed => next.run(request).await,
+        Outcome::Unauthenticated => {
+            let mut response =
+                error(StatusCode::UNAUTHORIZED, "a ServiceAccount token is required (Authorization: Bearer)");
+            response
+                .headers_mut()
+                .insert(axum::http::header::WWW_AUTHENTICATE, axum::http::HeaderValue::from_static("Bearer"));
+            response
+        }
+        Outcome::Forbidden => {
+            error(StatusCode::FORBIDDEN, "the token's user may not get the non-resource URL /metrics")
+        }
+        Outcome::Error => {
+            error(StatusCode::SERVICE_UNAVAILABLE, "the token could not be reviewed (TokenReview/SubjectAccessReview)")
+        }
+    }
+}
+
+/// Serves the metrics listener until `shutdown` resolves.
+pub async fn serve_metrics<R: Reviewer + 'static>(
+    listener: MetricsTlsListener,
+    node: Arc<Node>,
+    metrics: Arc<Metrics>,
+    auth: Arc<MetricsAuth<R>>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, metrics_router(node, metrics, auth)).with_graceful_shutdown(shutdown).await
 }
 
 async fn require_caller(

@@ -61,6 +61,9 @@ serving certificate), and its ValidatingWebhookConfiguration (cluster-scoped: na
 */}}
 {{- define "isthmus.webhook.service" -}}{{ include "isthmus.fullname" . }}-operator-webhook{{- end -}}
 {{- define "isthmus.webhook.dnsName" -}}{{ include "isthmus.webhook.service" . }}.{{ .Release.Namespace }}.svc{{- end -}}
+{{- /* The name every agent's serving certificate carries besides its node's: the agents' metrics Service's. */ -}}
+{{- define "isthmus.agent.metricsService" -}}{{ include "isthmus.fullname" . }}-agent-metrics{{- end -}}
+{{- define "isthmus.agent.sharedDnsName" -}}{{ include "isthmus.agent.metricsService" . }}.{{ .Release.Namespace }}.svc{{- end -}}
 {{- define "isthmus.webhook.configuration" -}}{{ include "isthmus.fullname" . }}-networktopologies{{- end -}}
 {{/* The signer of the agents' serving certificates (isthmus_agent_api::identity::AGENT_SIGNER_NAME). */}}
 {{- define "isthmus.signerName" -}}isthmus.dev/agent-serving{{- end -}}

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Checks of the verification flags, the Prometheus Operator objects and the Grafana dashboard ConfigMap.
 
-Usage: check_monitoring.py DEFAULT.yaml MONITORING.yaml DASHBOARD.json OUT.json
+Usage: check_monitoring.py DEFAULT.yaml MONITORING.yaml DASHBOARD.json OUT.json TOKEN.yaml
 DEFAULT.yaml is rendered with the chart's defaults; MONITORING.yaml with metrics.serviceMonitor, metrics.podMonitor
 and grafana.dashboard on, verification off, probesPerSecond 25, pairsPerLink 2, window 60s, measureInterval 15s.
-The dashboard as the ConfigMap holds it is written to OUT.json (for the metric-name test).
+The dashboard as the ConfigMap holds it is written to OUT.json (for the metric-name test). TOKEN.yaml is rendered
+with metrics.serviceMonitor.enabled and metrics.serviceMonitor.auth=token.
 """
 import json, sys
 import yaml
@@ -18,7 +19,7 @@ def container(docs, kind, name_suffix):
 
 def main():
     default, monitoring = load(sys.argv[1]), load(sys.argv[2])
-    dashboard_file, out = sys.argv[3], sys.argv[4]
+    dashboard_file, out, token = sys.argv[3], sys.argv[4], load(sys.argv[5])
     errors = []
     def check(cond, msg):
         if not cond:
@@ -54,8 +55,33 @@ def main():
             check(ep.get("port") == "api" and ep.get("scheme") == "https", f"{d['metadata']['name']}: agent endpoint {ep}")
             check(tls.get("keySecret", {}).get("name", "").endswith("-metrics-scraper-tls"),
                   f"{d['metadata']['name']}: the scraper's client certificate")
+            check(tls.get("serverName") == "isthmus-agent-metrics.isthmus-system.svc" and not tls.get("insecureSkipVerify")
+                  and tls.get("ca", {}).get("configMap", {}).get("name") == "isthmus-ca-bundle",
+                  f"{d['metadata']['name']}: the agents verified under their shared name: {tls}")
         else:
             check(ep.get("port") == "metrics" and "tlsConfig" not in ep, f"{d['metadata']['name']}: operator endpoint {ep}")
+    # auth: token: the agents' ServiceMonitor scrapes the metrics port with Prometheus' own token; the
+    # DaemonSet serves that port.
+    (agent_sm,) = [d for d in token if d["kind"] == "ServiceMonitor" and d["metadata"]["name"].endswith("-agent")]
+    (ep,) = agent_sm["spec"]["endpoints"]
+    check(ep.get("port") == "metrics" and ep.get("scheme") == "https"
+          and ep.get("bearerTokenFile") == "/var/run/secrets/kubernetes.io/serviceaccount/token"
+          and ep.get("tlsConfig", {}).get("ca", {}).get("configMap", {}).get("name", "").endswith("-ca-bundle")
+          and "keySecret" not in ep.get("tlsConfig", {}) and not ep["tlsConfig"].get("insecureSkipVerify"),
+          f"token: agent endpoint {ep}")
+    # The name the scrape verifies is the one the agents ask for, the operator signs, and the Service has.
+    shared = ep["tlsConfig"].get("serverName")
+    op_env = {e["name"]: e.get("value") for e in container(token, "Deployment", "-operator")["env"]}
+    agent_env = {e["name"]: e.get("value") for e in container(token, "DaemonSet", "-agent")["env"]}
+    check(shared == agent_env.get("ISTHMUS_SHARED_DNS_NAME") == op_env.get("ISTHMUS_AGENT_SHARED_DNS_NAME")
+          == "isthmus-agent-metrics.isthmus-system.svc", f"token: shared name {shared} {agent_env} {op_env}")
+    agent = container(token, "DaemonSet", "-agent")
+    ports = {p["name"]: p["containerPort"] for p in agent["ports"]}
+    env = {e["name"]: e.get("value") for e in agent["env"]}
+    check(env.get("ISTHMUS_METRICS_LISTEN") == f"0.0.0.0:{ports.get('metrics')}", f"token: agent metrics port {ports} {env}")
+    (svc,) = [d for d in token if d["kind"] == "Service" and d["metadata"]["name"].endswith("-agent-metrics")]
+    check({"name": "metrics", "port": ports.get("metrics"), "targetPort": "metrics"} in svc["spec"]["ports"],
+          f"token: agent Service ports {svc['spec']['ports']}")
     # The scrape Services; the webhook's Service is rendered whatever the monitoring values.
     services = [d for d in monitoring if d["kind"] == "Service" and d["metadata"]["name"].endswith("-metrics")]
     check(len(services) == 2 and all(s["spec"]["clusterIP"] == "None" for s in services), "two headless Services")

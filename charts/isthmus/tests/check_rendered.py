@@ -46,6 +46,11 @@ def main():
         ("certificates.k8s.io", "signers"): ["approve", "sign"],
         ("admissionregistration.k8s.io", "validatingwebhookconfigurations"): ["get", "patch"],
     }
+    # The metrics reader, bound to nobody by the chart: exactly get on the non-resource URL /metrics.
+    (reader,) = [r for r in by_kind["ClusterRole"] if r["metadata"]["name"].endswith("-metrics-reader")]
+    check(reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}], f"metrics-reader rules: {reader['rules']}")
+    check(not [b for b in by_kind.get("ClusterRoleBinding", []) if b["roleRef"]["name"] == reader["metadata"]["name"]],
+          "the chart binds the metrics-reader ClusterRole")
     (cluster_role,) = [r for r in by_kind["ClusterRole"] if r["metadata"]["name"].endswith("-operator")]
     rendered = {}
     for rule in cluster_role["rules"]:
@@ -60,8 +65,9 @@ def main():
     signer_rules = [r for r in cluster_role["rules"] if "signers" in r["resources"]]
     check([r.get("resourceNames") for r in signer_rules] == [["isthmus.dev/agent-serving"]],
           "operator ClusterRole: approve/sign only for the signer isthmus.dev/agent-serving")
-    # The agent: one ClusterRole, exactly create and get on CertificateSigningRequests (its own certificate), and one
-    # Role, exactly reading the operator's CA bundle ConfigMap by name (the CAs it trusts).
+    # The agent: one ClusterRole, exactly create and get on CertificateSigningRequests (its own certificate) and
+    # create on TokenReviews and SubjectAccessReviews (/metrics by token, as system:auth-delegator), and one Role,
+    # exactly reading the operator's CA bundle ConfigMap by name (the CAs it trusts).
     agent_bindings = [b for kind in ("ClusterRoleBinding", "RoleBinding") for b in by_kind.get(kind, [])
                       if any(s["name"].endswith("-agent") for s in b["subjects"])]
     check(sorted(b["kind"] for b in agent_bindings) == ["ClusterRoleBinding", "RoleBinding"],
@@ -71,7 +77,11 @@ def main():
         (agent_role,) = [r for r in by_kind[kind] if r["metadata"]["name"] == b["roleRef"]["name"]]
         if kind == "ClusterRole":
             check(agent_role["rules"] == [{"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests"],
-                                           "verbs": ["create", "get"]}], f"agent ClusterRole rules: {agent_role['rules']}")
+                                           "verbs": ["create", "get"]},
+                                          {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"],
+                                           "verbs": ["create"]},
+                                          {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"],
+                                           "verbs": ["create"]}], f"agent ClusterRole rules: {agent_role['rules']}")
         else:
             (operator,) = by_kind["Deployment"]
             op_env = {e["name"]: e.get("value") for e in operator["spec"]["template"]["spec"]["containers"][0]["env"]}

@@ -107,8 +107,11 @@ monitoring_args=(--set metrics.serviceMonitor.enabled=true --set metrics.podMoni
 "$HELM" template isthmus "$CHART" --kube-version "$KUBE_VERSION" --namespace isthmus-system --skip-crds \
   "${monitoring_args[@]}" >"$work/monitoring.yaml" || fail "helm template (monitoring)"
 python3 "$CHART/tests/check_rendered.py" "$work/monitoring.yaml" monitoring || fail "rendered objects (monitoring)"
+"$HELM" template isthmus "$CHART" --namespace isthmus-system --kube-version "$KUBE_VERSION" \
+  --set metrics.serviceMonitor.enabled=true --set metrics.serviceMonitor.auth=token >"$work/token.yaml" ||
+  fail "helm template (metrics by token)"
 python3 "$CHART/tests/check_monitoring.py" "$work/default.yaml" "$work/monitoring.yaml" "$CHART/dashboards/isthmus-links.json" \
-  "$work/dashboard.json" || fail "verification, monitoring and dashboard objects"
+  "$work/dashboard.json" "$work/token.yaml" || fail "verification, monitoring and dashboard objects"
 ISTHMUS_DASHBOARD_JSON="$work/dashboard.json" cargo test -q -p isthmus-operator --test dashboard >"$work/dashboard-test.log" 2>&1 ||
   { tail -20 "$work/dashboard-test.log"; fail "the dashboard queries metrics that no registry holds"; }
 step "verification flags, ServiceMonitor/PodMonitor and the Grafana dashboard ConfigMap rendered only when on; every dashboard metric is registered"
@@ -165,6 +168,7 @@ refuse "window" --set verification.window=30
 refuse "probesPerSecond" --set verification.probesPerSecond=0
 refuse "serviceMonitor" --set metrics.serviceMonitor.enable=true
 refuse "gatedPods" --set uninstall.gatedPods=Keep
+refuse "auth" --set metrics.serviceMonitor.auth=basic
 step "values.schema.json and the templates refuse $refused bad values, naming the field"
 
 # ---- 3b. each value is described once, in values.yaml: the schema's descriptions and the README's table are

@@ -12,7 +12,9 @@ runs with exactly the chart's RBAC against the control-plane-only cluster of lin
    - bound to a pod that does not exist: Denied, NotAgentPod;
    - from an agent pod on node N naming another node: Denied, WrongNames;
    - from an agent pod on node N naming N: Approved and signed; the certificate chains to the bundle and names
-     exactly N's DNS name.
+     exactly N's DNS name;
+   - from that pod naming N and another Service's name: Denied, WrongNames; naming N and the agents' shared name
+     (ISTHMUS_AGENT_SHARED_DNS_NAME, the metrics Service's): signed, valid for the shared name.
    - two from one agent pod, made before the operator started (a signer back from an outage): the older Denied,
      Superseded, the newer signed ([`backlog`]).
    (No kubelet runs here: the agent pods are API objects of the installed DaemonSet, bound to a node name.)
@@ -81,12 +83,12 @@ class Interop:
         return {"authentication.kubernetes.io/node-name": node, "authentication.kubernetes.io/pod-name": name,
                 "authentication.kubernetes.io/pod-uid": uid}
 
-    def request(self, kubeconfig, dns_name):
-        """A CSR for `dns_name` created through `kubeconfig`; returns (name, key file)."""
+    def request(self, kubeconfig, dns_name, also=None):
+        """A CSR for `dns_name` (and then `also`) created through `kubeconfig`; returns (name, key file)."""
         self.n += 1
         name, key, req = f"chart-lint-{self.n}", self.path(f"csr-{self.n}.key"), self.path(f"csr-{self.n}.pem")
         self.openssl("req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", key,
-                     "-subj", f"/CN={dns_name}", "-addext", f"subjectAltName=DNS:{dns_name}", "-out", req)
+                     "-subj", f"/CN={dns_name}", "-addext", f"subjectAltName=DNS:{dns_name}" + (f",DNS:{also}" if also else ""), "-out", req)
         csr = {"apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest", "metadata": {"name": name},
                "spec": {"request": base64.b64encode(open(req, "rb").read()).decode(), "signerName": SIGNER,
                         "usages": ["digital signature", "server auth"]}}
@@ -256,6 +258,20 @@ def check(kubectl, ns, kubeconfig, work, env, agent_bin):
     if verify.returncode != 0 or "DNS:chart-lint-n.node.isthmus" not in sans or "," in sans.split("Alternative Name:")[1].split("\n")[1]:
         fail(f"the signed certificate: {verify.stdout}{verify.stderr} {sans}")
     say(f"CSR from node chart-lint-n's agent for its own name: approved and signed, chains to the bundle, SAN only {dns('chart-lint-n')}")
+    # The agents' shared name (their metrics Service's), one at a time: a pod's newest request supersedes the others.
+    shared = env["ISTHMUS_AGENT_SHARED_DNS_NAME"]
+    got = t.outcome(t.request(agent_n, dns("chart-lint-n"), also=f"other.{ns}.svc")[0])
+    if got[:2] != ("Denied", "WrongNames"):
+        fail(f"CSR from node chart-lint-n's agent for its name and another Service's: got {got[:2]}, want Denied WrongNames")
+    kind, _, cert = t.outcome(t.request(agent_n, dns("chart-lint-n"), also=shared)[0])
+    if kind != "Issued":
+        fail(f"CSR from node chart-lint-n's agent for its name and the shared one: {kind}")
+    open(t.path("node-n-shared.crt"), "wb").write(cert)
+    verify = subprocess.run(["openssl", "verify", "-CAfile", t.path("bundle.crt"), "-purpose", "sslserver",
+                             "-verify_hostname", shared, t.path("node-n-shared.crt")], capture_output=True, text=True)
+    if verify.returncode != 0:
+        fail(f"the certificate with the shared name: {verify.stdout}{verify.stderr}")
+    say(f"CSR from node chart-lint-n's agent for its name and {shared}: signed and valid for {shared}; for another Service's: Denied WrongNames")
 
     # 3. The real agent, its certificate from the operator.
     ident = env["ISTHMUS_OPERATOR_IDENTITY"]

@@ -313,16 +313,23 @@ impl CaSet {
         Ok((cert, key.serialize_pem()))
     }
 
-    /// An agent's serving certificate for `dns_name` over the public key of its request. Nothing else of the
-    /// request is copied: the names, usages and lifetime are the signer's.
+    /// An agent's serving certificate for `dns_name` (and `shared_name`, the name every agent carries, when
+    /// given) over the public key of its request. Nothing else of the request is copied: the names, usages and
+    /// lifetime are the signer's.
     pub fn sign_serving(
         &self,
         public_key: &rcgen::PublicKey,
         dns_name: &str,
+        shared_name: Option<&str>,
         now: OffsetDateTime,
         validity: Duration,
     ) -> Result<String, PkiError> {
-        let params = leaf(dns_name, ExtendedKeyUsagePurpose::ServerAuth, now, validity)?;
+        let mut params = leaf(dns_name, ExtendedKeyUsagePurpose::ServerAuth, now, validity)?;
+        if let Some(shared) = shared_name {
+            params
+                .subject_alt_names
+                .push(SanType::DnsName(shared.try_into().map_err(|_| PkiError::Name(shared.to_owned()))?));
+        }
         self.signing(now).sign(params, public_key)
     }
 }
@@ -447,7 +454,7 @@ mod tests {
         let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).unwrap();
         let csr = CertificateParams::new(vec![node.to_owned()]).unwrap().serialize_request(&key).unwrap();
         let public_key = rcgen::CertificateSigningRequestParams::from_der(csr.der()).unwrap().public_key;
-        set.sign_serving(&public_key, node, OffsetDateTime::now_utc(), DAY).unwrap()
+        set.sign_serving(&public_key, node, None, OffsetDateTime::now_utc(), DAY).unwrap()
     }
 
     /// The CA Secret deleted: a new CA signs at once, the old one stays trusted (retired, never signing) and
@@ -503,7 +510,7 @@ mod tests {
         let csr =
             CertificateParams::new(vec!["node-a.node.isthmus".to_owned()]).unwrap().serialize_request(&key).unwrap();
         let public_key = rcgen::CertificateSigningRequestParams::from_der(csr.der()).unwrap().public_key;
-        let cert = set.sign_serving(&public_key, "node-a.node.isthmus", OffsetDateTime::now_utc(), DAY).unwrap();
+        let cert = set.sign_serving(&public_key, "node-a.node.isthmus", None, OffsetDateTime::now_utc(), DAY).unwrap();
         let provider = isthmus_agent_api::tls::crypto_provider();
         let verifier =
             rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(set.roots().unwrap()), provider)
@@ -519,5 +526,14 @@ mod tests {
         let (operator, _) = set.issue_client("node-a.node.isthmus", OffsetDateTime::now_utc(), DAY).unwrap();
         let operator = certificates(&operator).unwrap().remove(0);
         assert!(check("node-a.node.isthmus", &operator).is_err(), "a client certificate is no serving certificate");
+        assert!(check("isthmus-agent-metrics.isthmus-system.svc", &der).is_err(), "no shared name unless signed");
+
+        // With the agents' shared name: valid for the node's name and the shared one, still not for another node.
+        let shared = "isthmus-agent-metrics.isthmus-system.svc";
+        let cert = set.sign_serving(&public_key, "node-a.node.isthmus", Some(shared), OffsetDateTime::now_utc(), DAY);
+        let der = certificates(&cert.unwrap()).unwrap().remove(0);
+        assert!(check("node-a.node.isthmus", &der).is_ok());
+        assert!(check(shared, &der).is_ok());
+        assert!(check("node-b.node.isthmus", &der).is_err());
     }
 }

@@ -106,7 +106,7 @@ mod tests {
         let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).unwrap();
         let csr = CertificateParams::new(vec![dns_name.clone()]).unwrap().serialize_request(&key).unwrap();
         let public_key = rcgen::CertificateSigningRequestParams::from_der(csr.der()).unwrap().public_key;
-        let cert = ca.sign_serving(&public_key, &dns_name, OffsetDateTime::now_utc(), DAY).unwrap();
+        let cert = ca.sign_serving(&public_key, &dns_name, None, OffsetDateTime::now_utc(), DAY).unwrap();
         let extra = BTreeMap::from([
             (EXTRA_POD_NAME.to_owned(), vec![pod.to_owned()]),
             (EXTRA_POD_UID.to_owned(), vec![format!("uid-{pod}")]),

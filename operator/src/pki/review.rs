@@ -8,7 +8,8 @@
 //! - that pod exists, is the agent DaemonSet's (labels and owner), runs on that node and has that UID;
 //! - the usages are exactly `digital signature` and `server auth`;
 //! - the PKCS#10 request is well-formed and self-signed, asks for no extension but names and usages, and its
-//!   names are exactly the node's DNS name ([`node_server_name`]): no IP, URI, e-mail or wildcard.
+//!   names are exactly the node's DNS name ([`node_server_name`]), or that name and the agents' shared metrics name
+//!   when one is configured ([`Request::shared_name`]): no IP, URI, e-mail or wildcard.
 //!
 //! What is signed is the signer's, not the request's: only the public key is taken from it.
 
@@ -78,6 +79,19 @@ pub struct Request<'a> {
     pub pem: &'a [u8],
     /// The pod named by [`EXTRA_POD_NAME`] in the agents' namespace, when it exists.
     pub pod: Option<&'a PodFacts>,
+    /// The DNS name every agent's certificate may carry besides its node's, the same for all of them (the
+    /// headless Service of the agents' metrics port, `<service>.<namespace>.svc`): the one name a scraper that
+    /// reaches every agent can verify. None: only the node's name. Checked with [`valid_shared_name`].
+    pub shared_name: Option<&'a str>,
+}
+
+/// Whether `name` may be the agents' shared name: a DNS name ending in `.svc` (a Service's), no wildcard, and so
+/// neither a node's name (`….node.isthmus`) nor a caller's identity (`….isthmus`).
+pub fn valid_shared_name(name: &str) -> bool {
+    name.ends_with(".svc")
+        && !name.contains('*')
+        && rustls::pki_types::ServerName::try_from(name)
+            .is_ok_and(|n| matches!(n, rustls::pki_types::ServerName::DnsName(_)))
 }
 
 #[derive(Debug)]
@@ -86,6 +100,8 @@ pub enum Verdict {
         node: String,
         /// The DNS name to sign: the node's.
         dns_name: String,
+        /// The agents' shared name, when the request asked for it (and it is configured).
+        shared_name: Option<String>,
         public_key: rcgen::PublicKey,
     },
     Deny {
@@ -156,17 +172,29 @@ pub fn review(request: &Request<'_>, agent_username: &str) -> Verdict {
         Err(e) => return deny(DenyReason::UnreadableRequest, format!("spec.request: {e}")),
     };
     let names = &parsed.params.subject_alt_names;
-    if !matches!(names.as_slice(), [SanType::DnsName(n)] if n.as_str() == dns_name) {
-        return deny(
-            DenyReason::WrongNames,
-            format!("the request names {names:?}; expected exactly the DNS name {dns_name:?}"),
-        );
-    }
+    let shared = request.shared_name.filter(|s| valid_shared_name(s));
+    let is = |san: &SanType, name: &str| matches!(san, SanType::DnsName(n) if n.as_str() == name);
+    let shared_name = match (names.as_slice(), shared) {
+        ([own], _) if is(own, &dns_name) => None,
+        ([own, also], Some(shared)) if is(own, &dns_name) && is(also, shared) => Some(shared.to_owned()),
+        _ => {
+            return deny(
+                DenyReason::WrongNames,
+                match shared {
+                    None => format!("the request names {names:?}; expected exactly the DNS name {dns_name:?}"),
+                    Some(shared) => format!(
+                        "the request names {names:?}; expected exactly the DNS name {dns_name:?}, or it and then \
+                         {shared:?}"
+                    ),
+                },
+            );
+        }
+    };
     let ekus = &parsed.params.extended_key_usages;
     if ekus.iter().any(|u| *u != ExtendedKeyUsagePurpose::ServerAuth) {
         return deny(DenyReason::WrongUsages, format!("the request asks for extended key usages {ekus:?}"));
     }
-    Verdict::Approve { node: node.to_owned(), dns_name, public_key: parsed.public_key }
+    Verdict::Approve { node: node.to_owned(), dns_name, shared_name, public_key: parsed.public_key }
 }
 
 #[cfg(test)]
@@ -193,6 +221,7 @@ mod tests {
         usages: Vec<String>,
         pem: Vec<u8>,
         pod: Option<PodFacts>,
+        shared_name: Option<&'static str>,
     }
 
     impl Case {
@@ -207,6 +236,7 @@ mod tests {
                 usages: vec!["server auth".into(), "digital signature".into()],
                 pem: csr(vec![dns("node-a.node.isthmus")], |_| {}),
                 pod: Some(PodFacts { uid: "u1".into(), node: Some("node-a".into()), is_agent: true }),
+                shared_name: None,
             }
         }
 
@@ -218,6 +248,7 @@ mod tests {
                     usages: &self.usages,
                     pem: &self.pem,
                     pod: self.pod.as_ref(),
+                    shared_name: self.shared_name,
                 },
                 AGENT,
             )
@@ -323,6 +354,47 @@ mod tests {
             let case = Case { pem: csr(sans.clone(), |_| {}), ..Case::good() };
             assert_eq!(case.denied(), DenyReason::WrongNames, "{sans:?}");
         }
+    }
+
+    const SHARED: &str = "isthmus-agent-metrics.isthmus-system.svc";
+
+    #[test]
+    fn the_shared_name_is_signed_only_when_configured_and_only_after_the_nodes_name() {
+        let both = || csr(vec![dns("node-a.node.isthmus"), dns(SHARED)], |_| {});
+        match (Case { pem: both(), shared_name: Some(SHARED), ..Case::good() }).verdict() {
+            Verdict::Approve { dns_name, shared_name, .. } => {
+                assert_eq!((dns_name.as_str(), shared_name.as_deref()), ("node-a.node.isthmus", Some(SHARED)));
+            }
+            v => panic!("{v:?}"),
+        }
+        // Configured but not asked for: the node's name alone, as before.
+        match (Case { shared_name: Some(SHARED), ..Case::good() }).verdict() {
+            Verdict::Approve { shared_name: None, .. } => {}
+            v => panic!("{v:?}"),
+        }
+        // Not configured: a request for it is forged.
+        assert_eq!(Case { pem: both(), ..Case::good() }.denied(), DenyReason::WrongNames);
+        let denied = [
+            vec![dns(SHARED)],
+            vec![dns(SHARED), dns("node-a.node.isthmus")],
+            vec![dns("node-a.node.isthmus"), dns("other.isthmus-system.svc")],
+            vec![dns("node-a.node.isthmus"), dns(SHARED), dns(SHARED)],
+            vec![dns("node-b.node.isthmus"), dns(SHARED)],
+            vec![dns("node-a.node.isthmus"), dns(SHARED), SanType::IpAddress("10.0.0.1".parse().unwrap())],
+        ];
+        for sans in denied {
+            let case = Case { pem: csr(sans.clone(), |_| {}), shared_name: Some(SHARED), ..Case::good() };
+            assert_eq!(case.denied(), DenyReason::WrongNames, "{sans:?}");
+        }
+        // A configured name that is no Service's, or a wildcard, or a caller's identity, is never signed.
+        for bad in ["*.isthmus-system.svc", "isthmus-operator.isthmus-system.serviceaccount.isthmus", "x.node.isthmus"]
+        {
+            assert!(!valid_shared_name(bad), "{bad}");
+            let pem = csr(vec![dns("node-a.node.isthmus"), dns(bad)], |_| {});
+            let leaked: &'static str = Box::leak(bad.to_owned().into_boxed_str());
+            assert_eq!(Case { pem, shared_name: Some(leaked), ..Case::good() }.denied(), DenyReason::WrongNames);
+        }
+        assert!(valid_shared_name(SHARED));
     }
 
     #[test]

@@ -28,6 +28,9 @@ pub struct SignerConfig {
     pub agent_labels: String,
     /// The longest lifetime signed; a shorter `spec.expirationSeconds` is honoured.
     pub validity: Duration,
+    /// The DNS name every agent's certificate may carry besides its node's (the agents' metrics Service,
+    /// `<service>.<namespace>.svc`); None: only the node's (super::review).
+    pub agent_shared_name: Option<String>,
 }
 
 impl SignerConfig {
@@ -176,7 +179,7 @@ async fn handle(
                 .await
                 .map_err(|source| SignerError::Api { name, what: "denying", source })?;
         }
-        Verdict::Approve { node, dns_name, public_key } => {
+        Verdict::Approve { node, dns_name, shared_name, public_key } => {
             if !has_condition(&csr, "Approved") {
                 set_condition(
                     &mut csr,
@@ -193,7 +196,7 @@ async fn handle(
             let validity = requested.map_or(config.validity, |r| r.min(config.validity));
             let cert = pki
                 .ca()
-                .sign_serving(&public_key, &dns_name, time::OffsetDateTime::now_utc(), validity)
+                .sign_serving(&public_key, &dns_name, shared_name.as_deref(), time::OffsetDateTime::now_utc(), validity)
                 .map_err(|source| SignerError::Sign { name: name.clone(), source })?;
             csr.status.get_or_insert_with(Default::default).certificate = Some(ByteString(cert.into_bytes()));
             csrs.replace_status(&name, &PostParams::default(), &csr).await.map_err(|source| SignerError::Api {
@@ -239,6 +242,7 @@ async fn review_request(
             usages: &usages,
             pem: &csr.spec.request.0,
             pod: pod.as_ref(),
+            shared_name: config.agent_shared_name.as_deref(),
         },
         &config.username(),
     );
