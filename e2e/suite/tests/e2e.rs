@@ -267,10 +267,21 @@ fn invalid_links_are_refused_naming_the_field() {
 }
 
 /// Every agent obtained its serving certificate through a CertificateSigningRequest that the operator approved
-/// and signed, for exactly its own node's name (real kubelets, pod-bound tokens); no Secret of the release holds
-/// a CA key except the operator's own CA Secret, which Helm never rendered.
+/// and signed, for exactly its own node's name and the agents' shared metrics name (real kubelets, pod-bound
+/// tokens); no Secret of the release holds a CA key except the operator's own CA Secret, which Helm never rendered.
 #[test]
 fn agents_hold_certificates_for_their_own_node_only() {
+    // Besides its node's name, each agent's certificate carries the one name all agents share (their metrics
+    // Service's), which the chart gives the agents and the operator alike.
+    let daemonset = kubectl_json(&["-n", "isthmus-system", "get", "daemonset", "isthmus-agent"]);
+    let shared = daemonset["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|e| e["name"] == "ISTHMUS_SHARED_DNS_NAME")
+        .and_then(|e| e["value"].as_str())
+        .expect("the agent DaemonSet sets ISTHMUS_SHARED_DNS_NAME")
+        .to_owned();
     for node in nodes() {
         let csrs = kubectl_json(&["get", "csr", "-l", &format!("isthmus.dev/node={node}")]);
         let issued: Vec<&serde_json::Value> = csrs["items"]
@@ -296,7 +307,7 @@ fn agents_hold_certificates_for_their_own_node_only() {
             let out = String::from_utf8(openssl.wait_with_output().unwrap().stdout).unwrap();
             let sans: Vec<&str> = out.lines().skip(1).flat_map(|l| l.split(',')).map(str::trim).collect();
             println!("node {node}: CSR {} signed for {sans:?}", csr["metadata"]["name"]);
-            assert_eq!(sans, [format!("DNS:{node}.node.isthmus")], "node {node}");
+            assert_eq!(sans, [format!("DNS:{node}.node.isthmus"), format!("DNS:{shared}")], "node {node}");
         }
     }
     let secrets = kubectl_json(&["-n", "isthmus-system", "get", "secrets"]);
