@@ -37,17 +37,22 @@ fn kubectl(kubeconfig: &str, args: &[&str], stdin: Option<&str>) -> String {
     String::from_utf8(out.stdout).unwrap().trim().to_owned()
 }
 
-/// `GET path` over TLS without a client certificate, verifying the agent's serving certificate, with an
-/// optional bearer token: the status and body.
-async fn get(certs: &TestCerts, addr: SocketAddr, path: &str, token: Option<&str>) -> (u16, String) {
+/// A TLS client that verifies the agent's serving certificate and presents none of its own.
+fn without_client_certificate(certs: &TestCerts) -> rustls::ClientConfig {
     let ca = std::fs::read(certs.agent_dir().join("ca.crt")).unwrap();
     let files = isthmus_agent_api::tls::TlsFiles { ca: "ca.crt".into(), cert: "-".into(), key: "-".into() };
     let material = isthmus_agent_api::tls::TlsMaterial { ca, cert: vec![], key: vec![] };
-    let config = rustls::ClientConfig::builder_with_provider(isthmus_agent_api::tls::crypto_provider())
+    rustls::ClientConfig::builder_with_provider(isthmus_agent_api::tls::crypto_provider())
         .with_safe_default_protocol_versions()
         .unwrap()
         .with_root_certificates(material.root_store(&files).unwrap())
-        .with_no_client_auth();
+        .with_no_client_auth()
+}
+
+/// `GET path` over TLS without a client certificate, verifying the agent's serving certificate, with an
+/// optional bearer token: the status and body.
+async fn get(certs: &TestCerts, addr: SocketAddr, path: &str, token: Option<&str>) -> (u16, String) {
+    let config = without_client_certificate(certs);
     let authorization = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
     let request =
         format!("GET {path} HTTP/1.1\r\nHost: {}\r\n{authorization}Connection: close\r\n\r\n", certs.server_name);
@@ -116,14 +121,7 @@ async fn agent_metrics_by_token_200_403_401() {
     let (code, _) = get(&certs, metrics_addr, "/v1/capabilities", Some(&reader)).await;
     assert_eq!(code, 404);
     // The API port still wants the operator's certificate: a token does not get past its handshake.
-    let ca = std::fs::read(certs.agent_dir().join("ca.crt")).unwrap();
-    let files = isthmus_agent_api::tls::TlsFiles { ca: "ca.crt".into(), cert: "-".into(), key: "-".into() };
-    let material = isthmus_agent_api::tls::TlsMaterial { ca, cert: vec![], key: vec![] };
-    let config = rustls::ClientConfig::builder_with_provider(isthmus_agent_api::tls::crypto_provider())
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(material.root_store(&files).unwrap())
-        .with_no_client_auth();
+    let config = without_client_certificate(&certs);
     let request = format!(
         "GET /metrics HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {reader}\r\nConnection: close\r\n\r\n",
         certs.server_name

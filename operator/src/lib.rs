@@ -9,6 +9,7 @@
 //! - [`controller`]: watches, per-node dispatch to the agents, status and the cleanup finalizer;
 //! - [`leader`]: leader election on a Lease, fenced on the Lease's own expiry;
 //! - [`metrics`], [`telemetry`]: the Prometheus metrics, logging and the `/metrics`, `/healthz`, `/readyz` server;
+//! - [`https`], [`metrics_https`]: the operator's HTTPS listeners, and `/metrics` by ServiceAccount token on one;
 //! - [`topology`]: the `NetworkTopology` resource, its expansion into NetworkLinks and their reconciler;
 //! - [`admission`]: the validating webhook that admits a NetworkTopology exactly when it expands;
 //! - [`uninstall`]: `isthmus-operator uninstall`, the chart's pre-delete hook.
@@ -18,10 +19,12 @@ pub mod api;
 pub mod controller;
 pub mod failure;
 pub mod gate;
+pub mod https;
 pub mod index;
 pub mod leader;
 pub mod measure;
 pub mod metrics;
+pub mod metrics_https;
 pub mod pki;
 pub mod plan;
 pub mod schedule;

@@ -9,7 +9,8 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Parser;
 use isthmus_agent_api::client::{AgentClient, ClientConfig};
-use isthmus_operator::admission::{self, server::ServingCertificate, upkeep::WebhookConfig};
+use isthmus_agent_api::metrics_auth::{DecisionCache, KubeReviewer, MetricsAuth};
+use isthmus_operator::admission::{self, server::ServingCertificate, upkeep::ServingConfig};
 use isthmus_operator::controller::measure::MeasureConfig;
 use isthmus_operator::controller::nodes::DispatchConfig;
 use isthmus_operator::controller::version::Backoff;
@@ -17,6 +18,7 @@ use isthmus_operator::controller::watch::AgentSelector;
 use isthmus_operator::controller::{self, Config, Context};
 use isthmus_operator::leader::{Election, LeaderConfig};
 use isthmus_operator::metrics::Metrics;
+use isthmus_operator::metrics_https;
 use isthmus_operator::pki::signer::{self, SignerConfig};
 use isthmus_operator::pki::store::{Pki, PkiConfig};
 use isthmus_operator::plan::{
@@ -107,9 +109,22 @@ struct Args {
     /// The ValidatingWebhookConfiguration whose `caBundle` the leader keeps; empty: none.
     #[arg(long, env = "ISTHMUS_WEBHOOK_CONFIGURATION", default_value = "")]
     webhook_configuration: String,
-    /// Address of `/metrics`, `/healthz` and `/readyz`.
+    /// Address of the plain HTTP listener: `/healthz`, `/readyz` and, with `--plain-metrics`, `/metrics`.
     #[arg(long, env = "ISTHMUS_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     metrics_addr: SocketAddr,
+    /// Whether the plain HTTP listener also serves `/metrics`, to anyone who can reach it; false: `/metrics`
+    /// only by ServiceAccount token on the HTTPS listener (`--metrics-dns-name`).
+    #[arg(long, env = "ISTHMUS_PLAIN_METRICS", default_value_t = true, action = clap::ArgAction::Set)]
+    plain_metrics: bool,
+    /// The DNS name Prometheus reaches the HTTPS metrics listener by (the chart: `<service>.<namespace>.svc` of
+    /// the operator's metrics Service), the name of its serving certificate from the operator's CA; empty: no
+    /// HTTPS listener. It serves `/metrics` to a bearer token allowed `get` on the non-resource URL `/metrics`
+    /// (TokenReview and SubjectAccessReview).
+    #[arg(long, env = "ISTHMUS_METRICS_DNS_NAME", default_value = "")]
+    metrics_dns_name: String,
+    /// Address of the HTTPS metrics listener.
+    #[arg(long, env = "ISTHMUS_METRICS_SECURE_ADDR", default_value = "0.0.0.0:8443")]
+    metrics_secure_addr: SocketAddr,
     #[arg(long, env = "ISTHMUS_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
     /// Most destinations one NetworkLink may select (both directions together); a link beyond it is refused
@@ -195,6 +210,7 @@ async fn main() -> anyhow::Result<()> {
         args.signer_config(),
     );
     let webhook = args.start_webhook(&client, &pki, &metrics, &leadership, &shutdown_rx).await?;
+    let metrics_https = args.start_metrics_https(&client, &pki, &metrics, &leadership, &shutdown_rx).await?;
     let signer = tokio::spawn(signer::run(
         client.clone(),
         pki,
@@ -202,9 +218,8 @@ async fn main() -> anyhow::Result<()> {
         leadership.leader.clone(),
         shutdown_rx.clone(),
     ));
-    let http =
-        serve_http(args.metrics_addr, HttpState { metrics: metrics.clone(), ready: ready.clone() }, &shutdown_rx)
-            .await?;
+    let state = HttpState { metrics: metrics.clone(), ready: ready.clone(), plain_metrics: args.plain_metrics };
+    let http = serve_http(args.metrics_addr, state, &shutdown_rx).await?;
 
     let ctx = Context {
         recorder: Recorder::new(
@@ -230,7 +245,7 @@ async fn main() -> anyhow::Result<()> {
     let _ = shutdown_tx.send(true);
     let _ = tokio::join!(controller, topologies);
     let _ = tokio::join!(upkeep, signer);
-    if let Some((serving, upkeep)) = webhook {
+    for (serving, upkeep) in [webhook, metrics_https].into_iter().flatten() {
         let _ = tokio::join!(serving, upkeep);
     }
     leadership.release().await;
@@ -316,7 +331,7 @@ impl Args {
             tracing::info!("no --webhook-dns-name: the NetworkTopology admission webhook is not served");
             return Ok(None);
         }
-        let config = WebhookConfig {
+        let config = ServingConfig {
             dns_name: self.webhook_dns_name.clone(),
             configuration: Some(self.webhook_configuration.clone()).filter(|c| !c.is_empty()),
             validity: Duration::from_secs(self.certificate_validity_hours * 3600),
@@ -334,6 +349,43 @@ impl Args {
         let (_, serving) = admission::server::bind(self.webhook_addr, certificate, metrics.clone(), shutdown.clone())
             .await
             .with_context(|| format!("binding --webhook-addr {}", self.webhook_addr))?;
+        Ok(Some((tokio::spawn(serving), upkeep)))
+    }
+
+    /// `/metrics` by token on its HTTPS listener and its certificate's upkeep, when a DNS name is given.
+    async fn start_metrics_https(
+        &self,
+        client: &kube::Client,
+        pki: &Arc<Pki>,
+        metrics: &Arc<Metrics>,
+        leadership: &Leadership,
+        shutdown: &tokio::sync::watch::Receiver<bool>,
+    ) -> anyhow::Result<Option<(tokio::task::JoinHandle<()>, tokio::task::JoinHandle<()>)>> {
+        if self.metrics_dns_name.is_empty() {
+            tracing::info!("no --metrics-dns-name: /metrics is not served by token");
+            return Ok(None);
+        }
+        let config = ServingConfig {
+            dns_name: self.metrics_dns_name.clone(),
+            configuration: None,
+            validity: Duration::from_secs(self.certificate_validity_hours * 3600),
+        };
+        let certificate = Arc::new(ServingCertificate::default());
+        let upkeep = admission::upkeep::start(
+            client.clone(),
+            pki.clone(),
+            config,
+            certificate.clone(),
+            leadership.leader.clone(),
+            shutdown.clone(),
+        )
+        .context("issuing the metrics listener's serving certificate")?;
+        let auth = Arc::new(MetricsAuth::new(KubeReviewer::new(client.clone()), DecisionCache::default()));
+        let (bound, serving) =
+            metrics_https::bind(self.metrics_secure_addr, certificate, metrics.clone(), auth, shutdown.clone())
+                .await
+                .with_context(|| format!("binding --metrics-secure-addr {}", self.metrics_secure_addr))?;
+        tracing::info!(addr = %bound, dns_name = %self.metrics_dns_name, "serving /metrics by ServiceAccount token");
         Ok(Some((tokio::spawn(serving), upkeep)))
     }
 

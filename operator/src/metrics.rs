@@ -10,6 +10,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use isthmus_agent_api::metrics_auth::Outcome;
+
 use crate::failure::CallErrorKind;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -26,6 +28,11 @@ pub struct AgentErrorLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabels {
     pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub outcome: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -57,6 +64,8 @@ pub struct Metrics {
     pub gate_patches: Family<ResultLabels, Counter>,
     pub leader: Gauge,
     pub admission_reviews: Family<VerdictLabels, Counter>,
+    /// Requests to the HTTPS metrics listener by what their bearer token got (`crate::metrics_https`).
+    pub metrics_auth: Family<OutcomeLabels, Counter>,
     /// What each verified link's configuration predicts for a probe's round trip, without the path's baseline.
     pub link_expected_rtt: Family<LinkLabels, FloatGauge>,
     pub link_expected_loss: Family<LinkLabels, FloatGauge>,
@@ -87,6 +96,7 @@ impl Metrics {
             gate_patches: Family::default(),
             leader: Gauge::default(),
             admission_reviews: Family::default(),
+            metrics_auth: Family::default(),
             link_expected_rtt: Family::default(),
             link_expected_loss: Family::default(),
             link_conformant: Family::default(),
@@ -120,6 +130,15 @@ impl Metrics {
             "NetworkTopology admission reviews this replica answered, by verdict (admitted, refused, unreadable)",
             m.admission_reviews.clone(),
         );
+        for outcome in Outcome::ALL {
+            let _ = m.metrics_auth.get_or_create(&OutcomeLabels { outcome: outcome.as_str() });
+        }
+        registry.register(
+            "metrics_auth",
+            "Requests to the HTTPS metrics listener by outcome of their bearer token: allowed, unauthenticated \
+             (401), forbidden (403), error (503: the TokenReview or SubjectAccessReview failed)",
+            m.metrics_auth.clone(),
+        );
         // Per link, beside the agents' isthmus_link_rtt_seconds and probe counters, so that a dashboard puts
         // configured and measured side by side under one prefix.
         let links = root.sub_registry_with_prefix("isthmus_link");
@@ -147,6 +166,10 @@ impl Metrics {
         if let Some(kind) = error {
             self.agent_call_errors.get_or_create(&AgentErrorLabels { node: node.to_owned(), kind }).inc();
         }
+    }
+
+    pub fn count_metrics_auth(&self, outcome: Outcome) {
+        self.metrics_auth.get_or_create(&OutcomeLabels { outcome: outcome.as_str() }).inc();
     }
 
     pub fn status_patch(&self, ok: bool) {

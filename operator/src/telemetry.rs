@@ -33,18 +33,21 @@ pub struct HttpState {
     pub metrics: Arc<Metrics>,
     /// Set once every watch has listed its objects.
     pub ready: Arc<AtomicBool>,
+    /// Whether `/metrics` is served here, to anyone (`--plain-metrics`).
+    pub plain_metrics: bool,
 }
 
 pub fn router(state: HttpState) -> Router {
-    Router::new()
-        .route("/metrics", get(metrics))
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(readyz))
-        .with_state(state)
+    let health = Router::new().route("/healthz", get(|| async { "ok" })).route("/readyz", get(readyz));
+    let routes = if state.plain_metrics { health.route("/metrics", get(metrics)) } else { health };
+    routes.with_state(state)
 }
 
+/// The media type of the metrics' exposition, on both listeners.
+pub const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
 async fn metrics(State(s): State<HttpState>) -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], s.metrics.encode())
+    ([(header::CONTENT_TYPE, METRICS_CONTENT_TYPE)], s.metrics.encode())
 }
 
 async fn readyz(State(s): State<HttpState>) -> impl IntoResponse {
@@ -63,7 +66,8 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     if let Ok(addr) = listener.local_addr() {
-        tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
+        let paths = if state.plain_metrics { "/metrics, /healthz, /readyz" } else { "/healthz, /readyz" };
+        tracing::info!(%addr, paths, "serving plain HTTP");
     }
     axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await
 }

@@ -75,6 +75,17 @@ impl Outcome {
         }
     }
 
+    /// What a refused request is told in its body (None for [`Outcome::Allowed`]). A 401 also carries
+    /// `WWW-Authenticate: Bearer` (RFC 6750).
+    pub fn refusal(self) -> Option<&'static str> {
+        match self {
+            Outcome::Allowed => None,
+            Outcome::Unauthenticated => Some("a ServiceAccount token is required (Authorization: Bearer)"),
+            Outcome::Forbidden => Some("the token's user may not get the non-resource URL /metrics"),
+            Outcome::Error => Some("the token could not be reviewed (TokenReview/SubjectAccessReview)"),
+        }
+    }
+
     /// All outcomes, for counters that should show every series from the start.
     pub const ALL: [Outcome; 4] = [Outcome::Allowed, Outcome::Unauthenticated, Outcome::Forbidden, Outcome::Error];
 }

@@ -92,23 +92,15 @@ async fn require_token<R: Reviewer>(
         tracing::warn!(error = %e, "/metrics: the caller's token could not be reviewed");
     }
     metrics.count_metrics_auth(outcome);
-    match outcome {
-        Outcome::Allowed => next.run(request).await,
-        Outcome::Unauthenticated => {
-            let mut response =
-                error(StatusCode::UNAUTHORIZED, "a ServiceAccount token is required (Authorization: Bearer)");
-            response
-                .headers_mut()
-                .insert(axum::http::header::WWW_AUTHENTICATE, axum::http::HeaderValue::from_static("Bearer"));
-            response
-        }
-        Outcome::Forbidden => {
-            error(StatusCode::FORBIDDEN, "the token's user may not get the non-resource URL /metrics")
-        }
-        Outcome::Error => {
-            error(StatusCode::SERVICE_UNAVAILABLE, "the token could not be reviewed (TokenReview/SubjectAccessReview)")
-        }
+    let Some(refusal) = outcome.refusal() else { return next.run(request).await };
+    let status = StatusCode::from_u16(outcome.status()).expect("a valid status");
+    let mut response = error(status, refusal);
+    if outcome == Outcome::Unauthenticated {
+        response
+            .headers_mut()
+            .insert(axum::http::header::WWW_AUTHENTICATE, axum::http::HeaderValue::from_static("Bearer"));
     }
+    response
 }
 
 /// Serves the metrics listener until `shutdown` resolves.

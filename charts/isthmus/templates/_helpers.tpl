@@ -64,6 +64,8 @@ serving certificate), and its ValidatingWebhookConfiguration (cluster-scoped: na
 {{- /* The name every agent's serving certificate carries besides its node's: the agents' metrics Service's. */ -}}
 {{- define "isthmus.agent.metricsService" -}}{{ include "isthmus.fullname" . }}-agent-metrics{{- end -}}
 {{- define "isthmus.agent.sharedDnsName" -}}{{ include "isthmus.agent.metricsService" . }}.{{ .Release.Namespace }}.svc{{- end -}}
+{{/* The name of the operator's HTTPS metrics listener's certificate: its metrics Service's DNS name. */}}
+{{- define "isthmus.operator.metricsDnsName" -}}{{ include "isthmus.fullname" . }}-operator-metrics.{{ .Release.Namespace }}.svc{{- end -}}
 {{- define "isthmus.webhook.configuration" -}}{{ include "isthmus.fullname" . }}-networktopologies{{- end -}}
 {{/* The signer of the agents' serving certificates (isthmus_agent_api::identity::AGENT_SIGNER_NAME). */}}
 {{- define "isthmus.signerName" -}}isthmus.dev/agent-serving{{- end -}}

@@ -69,6 +69,24 @@ def main():
           and ep.get("tlsConfig", {}).get("ca", {}).get("configMap", {}).get("name", "").endswith("-ca-bundle")
           and "keySecret" not in ep.get("tlsConfig", {}) and not ep["tlsConfig"].get("insecureSkipVerify"),
           f"token: agent endpoint {ep}")
+    # auth: token: the operator's likewise, on its HTTPS port, verified under the name its listener's certificate
+    # is issued for.
+    (op_sm,) = [d for d in token if d["kind"] == "ServiceMonitor" and d["metadata"]["name"].endswith("-operator")]
+    (op_ep,) = op_sm["spec"]["endpoints"]
+    check(op_ep.get("port") == "metrics-https" and op_ep.get("scheme") == "https"
+          and op_ep.get("bearerTokenFile") == ep.get("bearerTokenFile")
+          and op_ep.get("tlsConfig", {}).get("ca") == ep["tlsConfig"].get("ca")
+          and not op_ep["tlsConfig"].get("insecureSkipVerify"), f"token: operator endpoint {op_ep}")
+    operator = container(token, "Deployment", "-operator")
+    op_ports = {p["name"]: p["containerPort"] for p in operator["ports"]}
+    op_env0 = {e["name"]: e.get("value") for e in operator["env"]}
+    check(op_ep["tlsConfig"].get("serverName") == op_env0.get("ISTHMUS_METRICS_DNS_NAME")
+          == "isthmus-operator-metrics.isthmus-system.svc", f"token: operator name {op_ep} {op_env0}")
+    check(op_env0.get("ISTHMUS_METRICS_SECURE_ADDR") == f"0.0.0.0:{op_ports.get('metrics-https')}",
+          f"token: operator metrics-https port {op_ports} {op_env0}")
+    (op_svc,) = [d for d in token if d["kind"] == "Service" and d["metadata"]["name"].endswith("-operator-metrics")]
+    check({"name": "metrics-https", "port": op_ports.get("metrics-https"), "targetPort": "metrics-https"}
+          in op_svc["spec"]["ports"], f"token: operator Service ports {op_svc['spec']['ports']}")
     # The name the scrape verifies is the one the agents ask for, the operator signs, and the Service has.
     shared = ep["tlsConfig"].get("serverName")
     op_env = {e["name"]: e.get("value") for e in container(token, "Deployment", "-operator")["env"]}

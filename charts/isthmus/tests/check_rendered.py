@@ -45,6 +45,9 @@ def main():
         ("certificates.k8s.io", "certificatesigningrequests/status"): ["update"],
         ("certificates.k8s.io", "signers"): ["approve", "sign"],
         ("admissionregistration.k8s.io", "validatingwebhookconfigurations"): ["get", "patch"],
+        # /metrics by token on operator.metricsSecurePort (as system:auth-delegator).
+        ("authentication.k8s.io", "tokenreviews"): ["create"],
+        ("authorization.k8s.io", "subjectaccessreviews"): ["create"],
     }
     # The metrics reader, bound to nobody by the chart: exactly get on the non-resource URL /metrics.
     (reader,) = [r for r in by_kind["ClusterRole"] if r["metadata"]["name"].endswith("-metrics-reader")]

@@ -169,6 +169,11 @@ refuse "probesPerSecond" --set verification.probesPerSecond=0
 refuse "serviceMonitor" --set metrics.serviceMonitor.enable=true
 refuse "gatedPods" --set uninstall.gatedPods=Keep
 refuse "auth" --set metrics.serviceMonitor.auth=basic
+refuse "metrics.podMonitor scrapes the operator's plain /metrics" --set operator.plainMetrics=false \
+  --set metrics.podMonitor.enabled=true
+refuse "metrics.serviceMonitor.auth=certificate scrapes the operator's plain /metrics" --set operator.plainMetrics=false \
+  --set metrics.serviceMonitor.enabled=true
+refuse "metricsSecurePort" --set operator.metricsSecurePort=0
 step "values.schema.json and the templates refuse $refused bad values, naming the field"
 
 # ---- 3b. each value is described once, in values.yaml: the schema's descriptions and the README's table are

@@ -1,4 +1,5 @@
-//! The webhook's certificate and the trust the API server puts in it. Every replica issues its own serving
+//! The serving certificates of the operator's HTTPS listeners (the webhook, `/metrics` by token), and the
+//! trust the API server puts in the webhook's. Every replica issues its own serving
 //! certificate from the operator's CA (the key never leaves memory) and renews it after two thirds of its
 //! life, or at once when its CA is retired; the leader writes the CA bundle (every CA trusted, retired ones
 //! included, so a certificate from any of them is accepted while they are) into the
@@ -24,12 +25,13 @@ const CHECK: Duration = Duration::from_secs(10);
 /// The field manager of the bundle's writes.
 const MANAGER: &str = "isthmus-operator";
 
-/// What the webhook needs to know about where it is reached.
+/// Where one of the operator's HTTPS listeners (the webhook, `/metrics` by token) is reached.
 #[derive(Debug, Clone)]
-pub struct WebhookConfig {
-    /// The DNS name the API server calls (`<service>.<namespace>.svc`): the serving certificate's name.
+pub struct ServingConfig {
+    /// The DNS name its callers use (`<service>.<namespace>.svc`): the serving certificate's name.
     pub dns_name: String,
-    /// The ValidatingWebhookConfiguration whose `caBundle` the leader keeps; None: someone else does.
+    /// The ValidatingWebhookConfiguration whose `caBundle` the leader keeps; None: someone else does, or
+    /// the callers are not the API server (the metrics listener's read the chart's CA bundle ConfigMap).
     pub configuration: Option<String>,
     /// Lifetime of the serving certificate.
     pub validity: Duration,
@@ -40,7 +42,7 @@ pub fn issue(ca: &CaSet, dns_name: &str, validity: Duration) -> Result<(String, 
     let (pem, key_pem) = ca.issue_serving(dns_name, OffsetDateTime::now_utc(), validity)?;
     let chain = certificates(&pem)?;
     let key = rustls::crypto::ring::sign::any_supported_type(&private_key(&key_pem)?)
-        .map_err(|e| PkiError::Stored(format!("the webhook's key: {e}")))?;
+        .map_err(|e| PkiError::Stored(format!("the serving key: {e}")))?;
     Ok((pem, Arc::new(CertifiedKey::new(chain, key))))
 }
 
@@ -49,7 +51,7 @@ pub fn issue(ca: &CaSet, dns_name: &str, validity: Duration) -> Result<(String, 
 pub fn start(
     client: kube::Client,
     pki: Arc<Pki>,
-    config: WebhookConfig,
+    config: ServingConfig,
     certificate: Arc<ServingCertificate>,
     leader: tokio::sync::watch::Receiver<bool>,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
@@ -66,9 +68,11 @@ pub fn start(
                     Ok((fresh, key)) => {
                         certificate.set(key);
                         issued = fresh;
-                        tracing::info!(dns_name = %config.dns_name, "webhook serving certificate issued");
+                        tracing::info!(dns_name = %config.dns_name, "serving certificate issued");
                     }
-                    Err(e) => tracing::warn!(error = %e, "issuing the webhook's certificate failed; retrying"),
+                    Err(e) => {
+                        tracing::warn!(dns_name = %config.dns_name, error = %e, "issuing a serving certificate failed; retrying")
+                    }
                 }
             }
             if *leader.borrow()

@@ -11,6 +11,7 @@
 //! ```
 
 mod cases;
+mod metrics_token;
 mod representable;
 mod schema_values;
 mod schema_walk;
