@@ -105,10 +105,13 @@ chart-lint: ## helm lint/template of charts/isthmus against a real 1.34 API serv
 examples-validate: ## every examples/*.yaml through kubectl apply --dry-run=server with the NetworkLink CRD installed
 	examples/validate.sh
 
-.PHONY: min-k8s
+.PHONY: min-k8s prometheus-check
 
 min-k8s: ## the oldest supported Kubernetes (1.32, ISTHMUS_K8S_VERSION): CRDs Established, a pod-bound token names its node, examples-validate and chart-lint's server dry runs and helm install, on its own control planes (first run builds it)
 	e2e/cluster/min-k8s
+
+prometheus-check: ## the chart's ServiceMonitors (auth=token) scraped by a real Prometheus on its own local cluster: every agent and operator target up, isthmus metrics queried back, 403 for a token without the role (first run builds Prometheus)
+	e2e/cluster/prometheus-check
 
 # ---- Fuzzing (needs a nightly toolchain; not part of `make test`)
 .PHONY: fuzz

@@ -41,6 +41,13 @@ THROUGH_KIND = {
     "e2e": "the same suite (e2e/suite/run) on a kind cluster, sch_netem from the runner's kernel",
 }
 
+# Checks beyond make test that a workflow runs as a stage (make test TEST_STAGES=X, as min-k8s) through kind, and
+# why: they need a full cluster, which the local provider cannot run on a hosted runner (above).
+BEYOND_MAKE_TEST_THROUGH_KIND = {
+    "prometheus-check": "a real Prometheus scraping every agent and the operator of a full cluster "
+                        "(e2e/cluster/prometheus-check)",
+}
+
 # Stages that start no Kubernetes cluster: where another runs, the workflow names the provider.
 CLUSTERLESS = {"unit", "images-test", "arm64-test", "kernel-test"}
 
@@ -247,6 +254,10 @@ class WorkflowsTest(unittest.TestCase):
                                        f"workflow job: add it to {CI_WORKFLOW}'s matrix (make test "
                                        f"TEST_STAGES={stage}), or to NOT_ON_GITHUB in e2e/test_workflows.py with "
                                        f"the reason")
+        for stage in BEYOND_MAKE_TEST_THROUGH_KIND:
+            self.assertIn(stage, self.targets, f"e2e/test_workflows.py names {stage}, which is no Makefile target")
+            self.assertNotIn(stage, self.stages, f"{stage} is in the Makefile's TEST_STAGES: move it from "
+                                                 f"BEYOND_MAKE_TEST_THROUGH_KIND (e2e/test_workflows.py) to THROUGH_KIND")
         for stage in list(NOT_ON_GITHUB) + list(THROUGH_KIND) + list(CLUSTERLESS):
             self.assertIn(stage, self.stages, f"e2e/test_workflows.py names stage {stage}, which the Makefile's "
                                               f"TEST_STAGES does not have")
@@ -299,12 +310,12 @@ class WorkflowsTest(unittest.TestCase):
         for r in self.stage_runs():
             for stage in set(r["stages"]) - CLUSTERLESS:
                 # The runner has kind and a Docker daemon: left unset, the cluster script would pick kind.
-                want = "kind" if stage in THROUGH_KIND else "local"
+                kind = THROUGH_KIND.get(stage) or BEYOND_MAKE_TEST_THROUGH_KIND.get(stage)
+                want = "kind" if kind else "local"
                 self.assertEqual(r["env"].get("ISTHMUS_CLUSTER_PROVIDER"), want,
                                  f"{self.where(r)}: stage {stage} on ISTHMUS_CLUSTER_PROVIDER="
                                  f"{r['env'].get('ISTHMUS_CLUSTER_PROVIDER')}, expected {want}"
-                                 + (f" ({THROUGH_KIND[stage]})" if stage in THROUGH_KIND
-                                    else " (as make test runs it)"))
+                                 + (f" ({kind})" if kind else " (as make test runs it)"))
 
     def test_a_stage_matrix_does_not_fail_fast(self):
         for wf in self.workflows:
