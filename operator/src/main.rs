@@ -175,6 +175,18 @@ enum Command {
     },
 }
 
+/// What the operator's HTTPS listeners are started with.
+struct Serving<'a> {
+    client: &'a kube::Client,
+    pki: &'a Arc<Pki>,
+    metrics: &'a Arc<Metrics>,
+    leadership: &'a Leadership,
+    shutdown: &'a tokio::sync::watch::Receiver<bool>,
+}
+
+/// A listener's serving task and its certificate's upkeep.
+type Listening = (tokio::task::JoinHandle<()>, tokio::task::JoinHandle<()>);
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
@@ -209,8 +221,10 @@ async fn main() -> anyhow::Result<()> {
         Duration::from_secs(60),
         args.signer_config(),
     );
-    let webhook = args.start_webhook(&client, &pki, &metrics, &leadership, &shutdown_rx).await?;
-    let metrics_https = args.start_metrics_https(&client, &pki, &metrics, &leadership, &shutdown_rx).await?;
+    let serving =
+        Serving { client: &client, pki: &pki, metrics: &metrics, leadership: &leadership, shutdown: &shutdown_rx };
+    let webhook = args.start_webhook(&serving).await?;
+    let metrics_https = args.start_metrics_https(&serving).await?;
     let signer = tokio::spawn(signer::run(
         client.clone(),
         pki,
@@ -318,71 +332,58 @@ impl Args {
         })
     }
 
-    /// The webhook's listener and its certificate's upkeep, when a DNS name is given.
-    async fn start_webhook(
+    /// A serving certificate for `dns_name` from the operator's CA, kept renewed until shutdown (and, with a
+    /// `configuration`, that webhook configuration's `caBundle`): the certificate a listener presents, and the
+    /// upkeep's task.
+    fn serving_certificate(
         &self,
-        client: &kube::Client,
-        pki: &Arc<Pki>,
-        metrics: &Arc<Metrics>,
-        leadership: &Leadership,
-        shutdown: &tokio::sync::watch::Receiver<bool>,
-    ) -> anyhow::Result<Option<(tokio::task::JoinHandle<()>, tokio::task::JoinHandle<()>)>> {
+        cx: &Serving<'_>,
+        dns_name: &str,
+        configuration: Option<String>,
+    ) -> anyhow::Result<(Arc<ServingCertificate>, tokio::task::JoinHandle<()>)> {
+        let config = ServingConfig {
+            dns_name: dns_name.to_owned(),
+            configuration,
+            validity: Duration::from_secs(self.certificate_validity_hours * 3600),
+        };
+        let certificate = Arc::new(ServingCertificate::default());
+        let upkeep = admission::upkeep::start(
+            cx.client.clone(),
+            cx.pki.clone(),
+            config,
+            certificate.clone(),
+            cx.leadership.leader.clone(),
+            cx.shutdown.clone(),
+        )
+        .with_context(|| format!("issuing the serving certificate for {dns_name}"))?;
+        Ok((certificate, upkeep))
+    }
+
+    /// The webhook's listener and its certificate's upkeep, when a DNS name is given.
+    async fn start_webhook(&self, cx: &Serving<'_>) -> anyhow::Result<Option<Listening>> {
         if self.webhook_dns_name.is_empty() {
             tracing::info!("no --webhook-dns-name: the NetworkTopology admission webhook is not served");
             return Ok(None);
         }
-        let config = ServingConfig {
-            dns_name: self.webhook_dns_name.clone(),
-            configuration: Some(self.webhook_configuration.clone()).filter(|c| !c.is_empty()),
-            validity: Duration::from_secs(self.certificate_validity_hours * 3600),
-        };
-        let certificate = Arc::new(ServingCertificate::default());
-        let upkeep = admission::upkeep::start(
-            client.clone(),
-            pki.clone(),
-            config,
-            certificate.clone(),
-            leadership.leader.clone(),
-            shutdown.clone(),
-        )
-        .context("issuing the webhook's serving certificate")?;
-        let (_, serving) = admission::server::bind(self.webhook_addr, certificate, metrics.clone(), shutdown.clone())
-            .await
-            .with_context(|| format!("binding --webhook-addr {}", self.webhook_addr))?;
+        let configuration = Some(self.webhook_configuration.clone()).filter(|c| !c.is_empty());
+        let (certificate, upkeep) = self.serving_certificate(cx, &self.webhook_dns_name, configuration)?;
+        let (_, serving) =
+            admission::server::bind(self.webhook_addr, certificate, cx.metrics.clone(), cx.shutdown.clone())
+                .await
+                .with_context(|| format!("binding --webhook-addr {}", self.webhook_addr))?;
         Ok(Some((tokio::spawn(serving), upkeep)))
     }
 
     /// `/metrics` by token on its HTTPS listener and its certificate's upkeep, when a DNS name is given.
-    async fn start_metrics_https(
-        &self,
-        client: &kube::Client,
-        pki: &Arc<Pki>,
-        metrics: &Arc<Metrics>,
-        leadership: &Leadership,
-        shutdown: &tokio::sync::watch::Receiver<bool>,
-    ) -> anyhow::Result<Option<(tokio::task::JoinHandle<()>, tokio::task::JoinHandle<()>)>> {
+    async fn start_metrics_https(&self, cx: &Serving<'_>) -> anyhow::Result<Option<Listening>> {
         if self.metrics_dns_name.is_empty() {
             tracing::info!("no --metrics-dns-name: /metrics is not served by token");
             return Ok(None);
         }
-        let config = ServingConfig {
-            dns_name: self.metrics_dns_name.clone(),
-            configuration: None,
-            validity: Duration::from_secs(self.certificate_validity_hours * 3600),
-        };
-        let certificate = Arc::new(ServingCertificate::default());
-        let upkeep = admission::upkeep::start(
-            client.clone(),
-            pki.clone(),
-            config,
-            certificate.clone(),
-            leadership.leader.clone(),
-            shutdown.clone(),
-        )
-        .context("issuing the metrics listener's serving certificate")?;
-        let auth = Arc::new(MetricsAuth::new(KubeReviewer::new(client.clone()), DecisionCache::default()));
+        let (certificate, upkeep) = self.serving_certificate(cx, &self.metrics_dns_name, None)?;
+        let auth = Arc::new(MetricsAuth::new(KubeReviewer::new(cx.client.clone()), DecisionCache::default()));
         let (bound, serving) =
-            metrics_https::bind(self.metrics_secure_addr, certificate, metrics.clone(), auth, shutdown.clone())
+            metrics_https::bind(self.metrics_secure_addr, certificate, cx.metrics.clone(), auth, cx.shutdown.clone())
                 .await
                 .with_context(|| format!("binding --metrics-secure-addr {}", self.metrics_secure_addr))?;
         tracing::info!(addr = %bound, dns_name = %self.metrics_dns_name, "serving /metrics by ServiceAccount token");
