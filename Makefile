@@ -17,6 +17,8 @@ test: ## the whole suite: unit and host-kernel tests, API-server tests, chart, s
 unit: ## cargo tests of every crate, then the agent's root-only netlink tests (ignored in a plain cargo test) as root, the test scripts' own tests (the workflows against the Makefile and .ci/run among them), and actionlint over the workflows
 	cargo test --workspace --locked
 	cargo test -p isthmus-agent --lib --locked -- --ignored
+	@python3 -c 'import yaml' 2>/dev/null || python3 -m pip install -q pyyaml >&2 || \
+	  { echo "unit: PyYAML is missing and pip could not install it (apt-get install python3-yaml)" >&2; exit 1; }
 	python3 -m unittest discover -s e2e -p 'test_*.py'
 	$(MAKE) --no-print-directory lint-workflows
 

@@ -300,6 +300,8 @@ async fn serve(args: ServeArgs, common: CommonArgs) -> anyhow::Result<()> {
         .context("--queue-bytes-per-destination / --queue-bytes-per-pod")?;
     let userspace_queue_bytes =
         isthmus_agent::userspace::budget::resolve(args.userspace_queue_bytes, args.memory_limit)?;
+    // One client for the API server, made when something needs it (the CSR, the metrics listener's reviews).
+    let mut kube_client: Option<kube::Client> = None;
     // With files, a broken set stops the agent at once; an issued certificate is waited for below.
     let (tls_source, files_tls) = match args.tls_source {
         TlsSourceArg::Files => {
@@ -309,6 +311,7 @@ async fn serve(args: ServeArgs, common: CommonArgs) -> anyhow::Result<()> {
         TlsSourceArg::Csr => {
             let certificate = Arc::new(IssuedCertificate::default());
             let client = kube::Client::try_default().await.context("connecting to the Kubernetes API")?;
+            kube_client = Some(client.clone());
             let ca = Arc::new(TrustedBundle::default());
             // Both run for the agent's lifetime (renewing the certificate, following the bundle); nothing waits
             // for them.
@@ -394,7 +397,10 @@ async fn serve(args: ServeArgs, common: CommonArgs) -> anyhow::Result<()> {
     let metrics_server = match args.metrics_listen {
         None => None,
         Some(addr) => {
-            let client = kube::Client::try_default().await.context("connecting to the Kubernetes API")?;
+            let client = match kube_client {
+                Some(client) => client,
+                None => kube::Client::try_default().await.context("connecting to the Kubernetes API")?,
+            };
             let auth = Arc::new(MetricsAuth::new(KubeReviewer::new(client), DecisionCache::default()));
             let tcp = tokio::net::TcpListener::bind(addr)
                 .await

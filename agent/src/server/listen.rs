@@ -126,10 +126,71 @@ impl Connected<IncomingStream<'_, TlsListener>> for Peer {
     }
 }
 
-/// Accepts TCP connections through the API gate and completes TLS handshakes on tasks of their own, so that
-/// a slow or hostile client never holds up others; hands finished connections to axum.
+/// Why a TLS handshake did not finish.
+enum Handshake {
+    Refused(io::Error),
+    TimedOut,
+}
+
+/// A finished connection and what the listener tells axum about its peer.
+type Finished<A> = (Gated<TlsStream<TcpStream>>, A);
+
+/// Accepts TCP connections through `gate` and completes their TLS handshakes on tasks of their own, so that a
+/// slow or hostile client never holds up others (a handshake whose slot the gate gave away ends there);
+/// `finish` turns each handshake's result into the connection handed to axum, or None. Runs until the
+/// returned receiver is dropped.
+fn spawn_handshakes<A, F>(
+    tcp: TcpListener,
+    kind: ListenerKind,
+    limits: Limits,
+    metrics: Arc<Metrics>,
+    acceptor: impl Fn() -> tokio_rustls::TlsAcceptor + Send + 'static,
+    finish: F,
+) -> mpsc::Receiver<Finished<A>>
+where
+    A: Send + 'static,
+    F: Fn(Result<TlsStream<TcpStream>, Handshake>, Slot, SocketAddr) -> Option<Finished<A>>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+{
+    let (sender, connections) = mpsc::channel(limits.connections);
+    let gate = limits.gate();
+    tokio::spawn(async move {
+        loop {
+            let (stream, addr) = accept(&tcp, kind).await;
+            let Some(slot) = admit(&gate, addr, &metrics, kind) else { continue };
+            let acceptor = acceptor();
+            let (connection_sender, finish) = (sender.clone(), finish.clone());
+            tokio::spawn(async move {
+                let _ = stream.set_nodelay(true);
+                let mut slot = slot;
+                let outcome = tokio::select! {
+                    outcome = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)) => outcome,
+                    () = slot.evicted() => return,
+                };
+                let result = match outcome {
+                    Ok(Ok(tls)) => Ok(tls),
+                    Ok(Err(e)) => Err(Handshake::Refused(e)),
+                    Err(_) => Err(Handshake::TimedOut),
+                };
+                if let Some(connection) = finish(result, slot, addr) {
+                    let _ = connection_sender.send(connection).await;
+                }
+            });
+            if sender.is_closed() {
+                return;
+            }
+        }
+    });
+    connections
+}
+
+/// The API listener: TLS with client certificates behind the API gate, handshakes on tasks of their own
+/// ([`spawn_handshakes`]). Connections the operator's certificate authenticated give their slot back.
 pub struct TlsListener {
-    connections: mpsc::Receiver<(Gated<TlsStream<TcpStream>>, Peer)>,
+    connections: mpsc::Receiver<Finished<Peer>>,
     local: SocketAddr,
 }
 
@@ -142,51 +203,34 @@ impl TlsListener {
         limits: Limits,
     ) -> io::Result<Self> {
         let local = tcp.local_addr()?;
-        let (sender, connections) = mpsc::channel(64);
-        let gate = limits.gate();
-        tokio::spawn(async move {
-            loop {
-                let (stream, addr) = accept(&tcp, ListenerKind::Api).await;
-                let Some(slot) = admit(&gate, addr, &metrics, ListenerKind::Api) else { continue };
-                let acceptor = tokio_rustls::TlsAcceptor::from(tls.current());
-                let (connection_sender, callers, metrics) = (sender.clone(), callers.clone(), metrics.clone());
-                tokio::spawn(async move {
-                    let _ = stream.set_nodelay(true);
-                    let mut slot = slot;
-                    // A handshake whose slot the gate gave away ends there.
-                    let outcome = tokio::select! {
-                        outcome = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)) => outcome,
-                        () = slot.evicted() => return,
-                    };
-                    let tls = match outcome {
-                        Ok(Ok(tls)) => tls,
-                        Ok(Err(e)) => {
-                            metrics.tls_handshake_failures.inc();
-                            tracing::warn!(peer = %addr, error = %e, "API TLS handshake refused");
-                            return;
-                        }
-                        Err(_) => {
-                            metrics.tls_handshake_failures.inc();
-                            tracing::warn!(peer = %addr, "API TLS handshake timed out");
-                            return;
-                        }
-                    };
-                    let caller = callers.authorize(tls.get_ref().1.peer_certificates());
-                    let slot = match &caller {
-                        Ok(Caller::Operator) => None,
-                        Ok(Caller::Scraper) => Some(slot),
-                        Err(reason) => {
-                            tracing::warn!(peer = %addr, %reason, "API client is not one the agent serves");
-                            Some(slot)
-                        }
-                    };
-                    let _ = connection_sender.send((Gated { inner: tls, slot }, Peer { addr, caller })).await;
-                });
-                if sender.is_closed() {
-                    return;
+        let failures = metrics.clone();
+        let finish = move |result: Result<TlsStream<TcpStream>, Handshake>, slot: Slot, addr: SocketAddr| {
+            let tls = match result {
+                Ok(tls) => tls,
+                Err(Handshake::Refused(e)) => {
+                    failures.tls_handshake_failures.inc();
+                    tracing::warn!(peer = %addr, error = %e, "API TLS handshake refused");
+                    return None;
                 }
-            }
-        });
+                Err(Handshake::TimedOut) => {
+                    failures.tls_handshake_failures.inc();
+                    tracing::warn!(peer = %addr, "API TLS handshake timed out");
+                    return None;
+                }
+            };
+            let caller = callers.authorize(tls.get_ref().1.peer_certificates());
+            let slot = match &caller {
+                Ok(Caller::Operator) => None,
+                Ok(Caller::Scraper) => Some(slot),
+                Err(reason) => {
+                    tracing::warn!(peer = %addr, %reason, "API client is not one the agent serves");
+                    Some(slot)
+                }
+            };
+            Some((Gated { inner: tls, slot }, Peer { addr, caller }))
+        };
+        let acceptor = move || tokio_rustls::TlsAcceptor::from(tls.current());
+        let connections = spawn_handshakes(tcp, ListenerKind::Api, limits, metrics, acceptor, finish);
         Ok(Self { connections, local })
     }
 }
@@ -212,41 +256,26 @@ impl Listener for TlsListener {
 /// bearer token, checked per request), behind its own gate; handshakes on tasks of their own as in
 /// [`TlsListener`]. Every connection keeps its slot: no caller here is trusted before its token is.
 pub struct MetricsTlsListener {
-    connections: mpsc::Receiver<(Gated<TlsStream<TcpStream>>, SocketAddr)>,
+    connections: mpsc::Receiver<Finished<SocketAddr>>,
     local: SocketAddr,
 }
 
 impl MetricsTlsListener {
     pub fn new(tcp: TcpListener, tls: Arc<ReloadingTls>, metrics: Arc<Metrics>, limits: Limits) -> io::Result<Self> {
         let local = tcp.local_addr()?;
-        let (sender, connections) = mpsc::channel(16);
-        let gate = limits.gate();
-        tokio::spawn(async move {
-            loop {
-                let (stream, addr) = accept(&tcp, ListenerKind::Metrics).await;
-                let Some(slot) = admit(&gate, addr, &metrics, ListenerKind::Metrics) else { continue };
-                let acceptor = tokio_rustls::TlsAcceptor::from(tls.current_without_client_auth());
-                let connection_sender = sender.clone();
-                tokio::spawn(async move {
-                    let _ = stream.set_nodelay(true);
-                    let mut slot = slot;
-                    let outcome = tokio::select! {
-                        outcome = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)) => outcome,
-                        () = slot.evicted() => return,
-                    };
-                    match outcome {
-                        Ok(Ok(tls)) => {
-                            let _ = connection_sender.send((Gated { inner: tls, slot: Some(slot) }, addr)).await;
-                        }
-                        Ok(Err(e)) => tracing::debug!(peer = %addr, error = %e, "metrics TLS handshake failed"),
-                        Err(_) => tracing::debug!(peer = %addr, "metrics TLS handshake timed out"),
-                    }
-                });
-                if sender.is_closed() {
-                    return;
-                }
+        let finish = |result: Result<TlsStream<TcpStream>, Handshake>, slot: Slot, addr: SocketAddr| match result {
+            Ok(tls) => Some((Gated { inner: tls, slot: Some(slot) }, addr)),
+            Err(Handshake::Refused(e)) => {
+                tracing::debug!(peer = %addr, error = %e, "metrics TLS handshake failed");
+                None
             }
-        });
+            Err(Handshake::TimedOut) => {
+                tracing::debug!(peer = %addr, "metrics TLS handshake timed out");
+                None
+            }
+        };
+        let acceptor = move || tokio_rustls::TlsAcceptor::from(tls.current_without_client_auth());
+        let connections = spawn_handshakes(tcp, ListenerKind::Metrics, limits, metrics, acceptor, finish);
         Ok(Self { connections, local })
     }
 }
