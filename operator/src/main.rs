@@ -19,6 +19,7 @@ use isthmus_operator::controller::{self, Config, Context};
 use isthmus_operator::leader::{Election, LeaderConfig};
 use isthmus_operator::metrics::Metrics;
 use isthmus_operator::metrics_https;
+use isthmus_operator::pki::review::ServiceDnsName;
 use isthmus_operator::pki::signer::{self, SignerConfig};
 use isthmus_operator::pki::store::{Pki, PkiConfig};
 use isthmus_operator::plan::{
@@ -187,6 +188,14 @@ struct Serving<'a> {
 /// A listener's serving task and its certificate's upkeep.
 type Listening = (tokio::task::JoinHandle<()>, tokio::task::JoinHandle<()>);
 
+/// A flag that names a Service's DNS name, or nothing when empty.
+fn service_name(flag: &str, value: &str) -> anyhow::Result<Option<ServiceDnsName>> {
+    if value.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(ServiceDnsName::new(value).with_context(|| flag.to_owned())?))
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
@@ -197,18 +206,13 @@ async fn main() -> anyhow::Result<()> {
 
     let config = args.controller_config()?;
     let pki_config = args.pki_config()?;
+    // Service names are checked before anything is started, and once.
+    let agent_shared_name = service_name("--agent-shared-dns-name", &args.agent_shared_dns_name)?;
+    let metrics_dns_name = service_name("--metrics-dns-name", &args.metrics_dns_name)?;
     let client = kube::Client::try_default().await.context("connecting to the Kubernetes API")?;
     let pki = Pki::start(&client, pki_config).await.context("loading or creating the isthmus CA")?;
     let agent_client = Arc::new(AgentClient::new(ClientConfig::with_credentials(pki.credentials.clone())));
     let identity = args.identity();
-    if !args.agent_shared_dns_name.is_empty()
-        && !isthmus_operator::pki::review::valid_shared_name(&args.agent_shared_dns_name)
-    {
-        anyhow::bail!(
-            "--agent-shared-dns-name {:?}: a Service's DNS name (<service>.<namespace>.svc, no wildcard) is required",
-            args.agent_shared_dns_name
-        );
-    }
     let metrics = Arc::new(Metrics::new());
     let ready = Arc::new(AtomicBool::new(false));
 
@@ -219,16 +223,22 @@ async fn main() -> anyhow::Result<()> {
         leadership.leader.clone(),
         shutdown_rx.clone(),
         Duration::from_secs(60),
-        args.signer_config(),
+        args.signer_config(agent_shared_name.clone()),
     );
     let serving =
         Serving { client: &client, pki: &pki, metrics: &metrics, leadership: &leadership, shutdown: &shutdown_rx };
     let webhook = args.start_webhook(&serving).await?;
-    let metrics_https = args.start_metrics_https(&serving).await?;
+    let metrics_https = match &metrics_dns_name {
+        Some(name) => Some(args.start_metrics_https(&serving, name).await?),
+        None => {
+            tracing::info!("no --metrics-dns-name: /metrics is not served by token");
+            None
+        }
+    };
     let signer = tokio::spawn(signer::run(
         client.clone(),
         pki,
-        args.signer_config(),
+        args.signer_config(agent_shared_name.clone()),
         leadership.leader.clone(),
         shutdown_rx.clone(),
     ));
@@ -374,23 +384,19 @@ impl Args {
         Ok(Some((tokio::spawn(serving), upkeep)))
     }
 
-    /// `/metrics` by token on its HTTPS listener and its certificate's upkeep, when a DNS name is given.
-    async fn start_metrics_https(&self, cx: &Serving<'_>) -> anyhow::Result<Option<Listening>> {
-        if self.metrics_dns_name.is_empty() {
-            tracing::info!("no --metrics-dns-name: /metrics is not served by token");
-            return Ok(None);
-        }
-        let (certificate, upkeep) = self.serving_certificate(cx, &self.metrics_dns_name, None)?;
+    /// `/metrics` by token on its HTTPS listener, with a certificate for `name`, and the certificate's upkeep.
+    async fn start_metrics_https(&self, cx: &Serving<'_>, name: &ServiceDnsName) -> anyhow::Result<Listening> {
+        let (certificate, upkeep) = self.serving_certificate(cx, name.as_str(), None)?;
         let auth = Arc::new(MetricsAuth::new(KubeReviewer::new(cx.client.clone()), DecisionCache::default()));
         let (bound, serving) =
             metrics_https::bind(self.metrics_secure_addr, certificate, cx.metrics.clone(), auth, cx.shutdown.clone())
                 .await
                 .with_context(|| format!("binding --metrics-secure-addr {}", self.metrics_secure_addr))?;
-        tracing::info!(addr = %bound, dns_name = %self.metrics_dns_name, "serving /metrics by ServiceAccount token");
-        Ok(Some((tokio::spawn(serving), upkeep)))
+        tracing::info!(addr = %bound, dns_name = %name, "serving /metrics by ServiceAccount token");
+        Ok((tokio::spawn(serving), upkeep))
     }
 
-    fn signer_config(&self) -> SignerConfig {
+    fn signer_config(&self, agent_shared_name: Option<ServiceDnsName>) -> SignerConfig {
         SignerConfig {
             agent_namespace: Some(self.agent_namespace.clone())
                 .filter(|n| !n.is_empty())
@@ -398,7 +404,7 @@ impl Args {
             agent_service_account: self.agent_service_account.clone(),
             agent_labels: self.agent_selector.clone(),
             validity: Duration::from_secs(self.certificate_validity_hours * 3600),
-            agent_shared_name: Some(self.agent_shared_dns_name.clone()).filter(|n| !n.is_empty()),
+            agent_shared_name,
         }
     }
 

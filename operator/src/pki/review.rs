@@ -81,17 +81,39 @@ pub struct Request<'a> {
     pub pod: Option<&'a PodFacts>,
     /// The DNS name every agent's certificate may carry besides its node's, the same for all of them (the
     /// headless Service of the agents' metrics port, `<service>.<namespace>.svc`): the one name a scraper that
-    /// reaches every agent can verify. None: only the node's name. Checked with [`valid_shared_name`].
-    pub shared_name: Option<&'a str>,
+    /// reaches every agent can verify. None: only the node's name.
+    pub shared_name: Option<&'a ServiceDnsName>,
 }
 
-/// Whether `name` may be the agents' shared name: a DNS name ending in `.svc` (a Service's), no wildcard, and so
-/// neither a node's name (`….node.isthmus`) nor a caller's identity (`….isthmus`).
-pub fn valid_shared_name(name: &str) -> bool {
-    name.ends_with(".svc")
-        && !name.contains('*')
-        && rustls::pki_types::ServerName::try_from(name)
-            .is_ok_and(|n| matches!(n, rustls::pki_types::ServerName::DnsName(_)))
+/// A Service's DNS name (`<service>.<namespace>.svc`), checked once where it is configured: a DNS name ending in
+/// `.svc`, no wildcard, and so neither a node's name (`….node.isthmus`) nor a caller's identity (`….isthmus`).
+/// The agents' shared name and the name of the operator's metrics listener are such names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceDnsName(String);
+
+/// A name [`ServiceDnsName::new`] refused.
+#[derive(Debug, thiserror::Error)]
+#[error("{0:?}: a Service's DNS name (<service>.<namespace>.svc, no wildcard) is required")]
+pub struct NotAServiceDnsName(String);
+
+impl ServiceDnsName {
+    pub fn new(name: &str) -> Result<Self, NotAServiceDnsName> {
+        let valid = name.ends_with(".svc")
+            && !name.contains('*')
+            && rustls::pki_types::ServerName::try_from(name)
+                .is_ok_and(|n| matches!(n, rustls::pki_types::ServerName::DnsName(_)));
+        if valid { Ok(Self(name.to_owned())) } else { Err(NotAServiceDnsName(name.to_owned())) }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for ServiceDnsName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
 }
 
 #[derive(Debug)]
@@ -172,7 +194,7 @@ pub fn review(request: &Request<'_>, agent_username: &str) -> Verdict {
         Err(e) => return deny(DenyReason::UnreadableRequest, format!("spec.request: {e}")),
     };
     let names = &parsed.params.subject_alt_names;
-    let shared = request.shared_name.filter(|s| valid_shared_name(s));
+    let shared = request.shared_name.map(ServiceDnsName::as_str);
     let is = |san: &SanType, name: &str| matches!(san, SanType::DnsName(n) if n.as_str() == name);
     let shared_name = match (names.as_slice(), shared) {
         ([own], _) if is(own, &dns_name) => None,
@@ -221,7 +243,7 @@ mod tests {
         usages: Vec<String>,
         pem: Vec<u8>,
         pod: Option<PodFacts>,
-        shared_name: Option<&'static str>,
+        shared_name: Option<ServiceDnsName>,
     }
 
     impl Case {
@@ -248,7 +270,7 @@ mod tests {
                     usages: &self.usages,
                     pem: &self.pem,
                     pod: self.pod.as_ref(),
-                    shared_name: self.shared_name,
+                    shared_name: self.shared_name.as_ref(),
                 },
                 AGENT,
             )
@@ -358,17 +380,21 @@ mod tests {
 
     const SHARED: &str = "isthmus-agent-metrics.isthmus-system.svc";
 
+    fn shared() -> ServiceDnsName {
+        ServiceDnsName::new(SHARED).unwrap()
+    }
+
     #[test]
     fn the_shared_name_is_signed_only_when_configured_and_only_after_the_nodes_name() {
         let both = || csr(vec![dns("node-a.node.isthmus"), dns(SHARED)], |_| {});
-        match (Case { pem: both(), shared_name: Some(SHARED), ..Case::good() }).verdict() {
+        match (Case { pem: both(), shared_name: Some(shared()), ..Case::good() }).verdict() {
             Verdict::Approve { dns_name, shared_name, .. } => {
                 assert_eq!((dns_name.as_str(), shared_name.as_deref()), ("node-a.node.isthmus", Some(SHARED)));
             }
             v => panic!("{v:?}"),
         }
         // Configured but not asked for: the node's name alone, as before.
-        match (Case { shared_name: Some(SHARED), ..Case::good() }).verdict() {
+        match (Case { shared_name: Some(shared()), ..Case::good() }).verdict() {
             Verdict::Approve { shared_name: None, .. } => {}
             v => panic!("{v:?}"),
         }
@@ -383,18 +409,17 @@ mod tests {
             vec![dns("node-a.node.isthmus"), dns(SHARED), SanType::IpAddress("10.0.0.1".parse().unwrap())],
         ];
         for sans in denied {
-            let case = Case { pem: csr(sans.clone(), |_| {}), shared_name: Some(SHARED), ..Case::good() };
+            let case = Case { pem: csr(sans.clone(), |_| {}), shared_name: Some(shared()), ..Case::good() };
             assert_eq!(case.denied(), DenyReason::WrongNames, "{sans:?}");
         }
-        // A configured name that is no Service's, or a wildcard, or a caller's identity, is never signed.
-        for bad in ["*.isthmus-system.svc", "isthmus-operator.isthmus-system.serviceaccount.isthmus", "x.node.isthmus"]
+        // A name that is no Service's, or a wildcard, or a caller's identity, cannot be configured at all.
+        for bad in
+            ["*.isthmus-system.svc", "isthmus-operator.isthmus-system.serviceaccount.isthmus", "x.node.isthmus", ""]
         {
-            assert!(!valid_shared_name(bad), "{bad}");
-            let pem = csr(vec![dns("node-a.node.isthmus"), dns(bad)], |_| {});
-            let leaked: &'static str = Box::leak(bad.to_owned().into_boxed_str());
-            assert_eq!(Case { pem, shared_name: Some(leaked), ..Case::good() }.denied(), DenyReason::WrongNames);
+            let refused = ServiceDnsName::new(bad).unwrap_err().to_string();
+            assert!(refused.contains("a Service's DNS name") && refused.contains(&format!("{bad:?}")), "{refused}");
         }
-        assert!(valid_shared_name(SHARED));
+        assert_eq!(shared().as_str(), SHARED);
     }
 
     #[test]

@@ -15,7 +15,7 @@ use kube::api::PostParams;
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 
-use super::review::{DenyReason, EXTRA_POD_NAME, PodFacts, Request, Verdict, review, single};
+use super::review::{DenyReason, EXTRA_POD_NAME, PodFacts, Request, ServiceDnsName, Verdict, review, single};
 use super::store::Pki;
 use super::waiting::{WaitingRequests, is_waiting};
 
@@ -30,7 +30,7 @@ pub struct SignerConfig {
     pub validity: Duration,
     /// The DNS name every agent's certificate may carry besides its node's (the agents' metrics Service,
     /// `<service>.<namespace>.svc`); None: only the node's (super::review).
-    pub agent_shared_name: Option<String>,
+    pub agent_shared_name: Option<ServiceDnsName>,
 }
 
 impl SignerConfig {
@@ -242,7 +242,7 @@ async fn review_request(
             usages: &usages,
             pem: &csr.spec.request.0,
             pod: pod.as_ref(),
-            shared_name: config.agent_shared_name.as_deref(),
+            shared_name: config.agent_shared_name.as_ref(),
         },
         &config.username(),
     );
