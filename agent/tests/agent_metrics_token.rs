@@ -10,7 +10,8 @@ mod agent_common;
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 
-use agent_common::{Agent, AgentOptions, TempDir, TestCerts, free_port, tls_exchange, unique};
+use agent_common::{Agent, AgentOptions, TempDir, TestCerts, free_port, unique};
+use isthmus_agent_api::test_util::https::{Answer, bearer_get, tls_exchange};
 
 const NODE: &str = "node-token";
 
@@ -50,16 +51,9 @@ fn without_client_certificate(certs: &TestCerts) -> rustls::ClientConfig {
 }
 
 /// `GET path` over TLS without a client certificate, verifying the agent's serving certificate, with an
-/// optional bearer token: the status and body.
-async fn get(certs: &TestCerts, addr: SocketAddr, path: &str, token: Option<&str>) -> (u16, String) {
-    let config = without_client_certificate(certs);
-    let authorization = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
-    let request =
-        format!("GET {path} HTTP/1.1\r\nHost: {}\r\n{authorization}Connection: close\r\n\r\n", certs.server_name);
-    let response = tls_exchange(addr, &certs.server_name, config, request.as_bytes()).await.unwrap();
-    let code = response.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
-    (code, body)
+/// optional bearer token.
+async fn get(certs: &TestCerts, addr: SocketAddr, path: &str, token: Option<&str>) -> Answer {
+    bearer_get(addr, &certs.server_name, without_client_certificate(certs), path, token).await.unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -99,27 +93,26 @@ async fn agent_metrics_by_token_200_403_401() {
 
     // RBAC reaches the authorizer's cache shortly after the binding is written: wait for the first 200.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    let (code, body) = loop {
-        let (code, body) = get(&certs, metrics_addr, "/metrics", Some(&reader)).await;
-        if code == 200 || std::time::Instant::now() > deadline {
-            break (code, body);
+    let answer = loop {
+        let answer = get(&certs, metrics_addr, "/metrics", Some(&reader)).await;
+        if answer.status == 200 || std::time::Instant::now() > deadline {
+            break answer;
         }
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     };
-    assert_eq!(code, 200, "{body}\n{}", agent.log_text());
-    assert!(body.contains("isthmus_agent_metrics_auth_total{outcome=\"allowed\"}"), "{body}");
+    assert_eq!(answer.status, 200, "{answer:?}\n{}", agent.log_text());
+    assert!(answer.body.contains("isthmus_agent_metrics_auth_total{outcome=\"allowed\"}"), "{answer:?}");
 
-    let (code, body) = get(&certs, metrics_addr, "/metrics", Some(&stranger)).await;
-    assert_eq!(code, 403, "{body}");
-    let (code, body) = get(&certs, metrics_addr, "/metrics", None).await;
-    assert_eq!(code, 401, "{body}");
-    let (code, body) = get(&certs, metrics_addr, "/metrics", Some("eyJhbGciOiJSUzI1NiJ9.forged.signature")).await;
-    assert_eq!(code, 401, "{body}");
+    let answer = get(&certs, metrics_addr, "/metrics", Some(&stranger)).await;
+    assert_eq!((answer.status, answer.header("WWW-Authenticate")), (403, None), "{answer:?}");
+    // A 401 names the scheme it wants (RFC 6750).
+    for token in [None, Some("eyJhbGciOiJSUzI1NiJ9.forged.signature")] {
+        let answer = get(&certs, metrics_addr, "/metrics", token).await;
+        assert_eq!((answer.status, answer.header("WWW-Authenticate")), (401, Some("Bearer")), "{answer:?}");
+    }
     // Only /metrics is served there: anything else needs a token first, and is not found with one.
-    let (code, _) = get(&certs, metrics_addr, "/v1/capabilities", None).await;
-    assert_eq!(code, 401);
-    let (code, _) = get(&certs, metrics_addr, "/v1/capabilities", Some(&reader)).await;
-    assert_eq!(code, 404);
+    assert_eq!(get(&certs, metrics_addr, "/v1/capabilities", None).await.status, 401);
+    assert_eq!(get(&certs, metrics_addr, "/v1/capabilities", Some(&reader)).await.status, 404);
     // The API port still wants the operator's certificate: a token does not get past its handshake.
     let config = without_client_certificate(&certs);
     let request = format!(
@@ -130,7 +123,7 @@ async fn agent_metrics_by_token_200_403_401() {
     assert!(api.as_ref().is_err_and(|e| e.contains("ertificate")), "{api:?}");
 
     // Every outcome counted (the cached ones too), read back as the reader.
-    let (_, body) = get(&certs, metrics_addr, "/metrics", Some(&reader)).await;
+    let body = get(&certs, metrics_addr, "/metrics", Some(&reader)).await.body;
     for (outcome, at_least) in [("allowed", 2), ("forbidden", 1), ("unauthenticated", 3)] {
         let line = body
             .lines()

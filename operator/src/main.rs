@@ -19,7 +19,7 @@ use isthmus_operator::controller::{self, Config, Context};
 use isthmus_operator::leader::{Election, LeaderConfig};
 use isthmus_operator::metrics::Metrics;
 use isthmus_operator::metrics_https;
-use isthmus_operator::pki::review::ServiceDnsName;
+use isthmus_operator::pki::names::ServiceDnsName;
 use isthmus_operator::pki::signer::{self, SignerConfig};
 use isthmus_operator::pki::store::{Pki, PkiConfig};
 use isthmus_operator::plan::{

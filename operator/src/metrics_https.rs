@@ -41,9 +41,7 @@ async fn handle<R: Reviewer>(
     metrics.count_metrics_auth(outcome);
     if let Some(refusal) = outcome.refusal() {
         let mut response = plain(StatusCode::from_u16(outcome.status()).expect("a valid status"), refusal);
-        if outcome == Outcome::Unauthenticated {
-            response.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
-        }
+        outcome.refusal_headers(response.headers_mut());
         return response;
     }
     if request.method() != Method::GET || request.uri().path() != METRICS_PATH {

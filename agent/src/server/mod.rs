@@ -95,11 +95,7 @@ async fn require_token<R: Reviewer>(
     let Some(refusal) = outcome.refusal() else { return next.run(request).await };
     let status = StatusCode::from_u16(outcome.status()).expect("a valid status");
     let mut response = error(status, refusal);
-    if outcome == Outcome::Unauthenticated {
-        response
-            .headers_mut()
-            .insert(axum::http::header::WWW_AUTHENTICATE, axum::http::HeaderValue::from_static("Bearer"));
-    }
+    outcome.refusal_headers(response.headers_mut());
     response
 }
 

@@ -12,9 +12,10 @@ use std::time::{Duration, Instant};
 
 use isthmus_agent_api::client::{AgentClient, ClientConfig, TlsFiles};
 use isthmus_agent_api::identity::node_server_name;
+use isthmus_agent_api::test_util::https::Answer;
+pub use isthmus_agent_api::test_util::https::tls_exchange;
 use isthmus_agent_api::tls::crypto_provider;
 use rustls::pki_types::ServerName;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[path = "../goodput/mod.rs"]
 pub mod goodput;
@@ -312,34 +313,8 @@ impl TestCerts {
 }
 
 fn status_and_body(response: &str) -> (u16, String) {
-    let code = response.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
-    (code, body)
-}
-
-/// One request over a new TLS connection to the agent's API; what the server answered (all of it, up to the
-/// connection's end), or the error.
-pub async fn tls_exchange(
-    agent: SocketAddr,
-    server_name: &str,
-    config: rustls::ClientConfig,
-    request: &[u8],
-) -> Result<String, String> {
-    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
-    let tcp = tokio::net::TcpStream::connect(agent).await.map_err(|e| e.to_string())?;
-    let mut tls = connector
-        .connect(ServerName::try_from(server_name.to_owned()).unwrap(), tcp)
-        .await
-        .map_err(|e| e.to_string())?;
-    // With TLS 1.3 the server's refusal of a client arrives after the client's side of the handshake: on first
-    // use.
-    tls.write_all(request).await.map_err(|e| e.to_string())?;
-    let mut response = Vec::new();
-    match tls.read_to_end(&mut response).await {
-        // A peer that closes without close_notify after a whole answer still answered.
-        Err(e) if response.is_empty() => Err(e.to_string()),
-        _ => Ok(String::from_utf8_lossy(&response).into_owned()),
-    }
+    let answer = Answer::parse(response);
+    (answer.status, answer.body)
 }
 
 pub fn free_port() -> u16 {

@@ -2,6 +2,7 @@
 //!
 //! - [`ca`]: the CA as data (generation, rotation, issuing); pure.
 //! - [`handover`]: whether every agent has moved off the retired CAs (after the CA Secret was deleted); pure.
+//! - [`names`]: the Service DNS names the operator is configured with, checked once.
 //! - [`review`]: whether an agent's CertificateSigningRequest is approved; pure.
 //! - [`store`]: the CA Secret, the bundle ConfigMap, the operator's in-memory client certificate and the metrics
 //!   scraper's Secret.
@@ -16,6 +17,7 @@
 
 pub mod ca;
 pub mod handover;
+pub mod names;
 pub mod review;
 pub mod signer;
 pub mod store;

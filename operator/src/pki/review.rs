@@ -18,6 +18,8 @@ use std::collections::BTreeMap;
 use isthmus_agent_api::identity::node_server_name;
 use rcgen::{CertificateSigningRequestParams, ExtendedKeyUsagePurpose, SanType};
 
+use super::names::ServiceDnsName;
+
 pub const EXTRA_NODE_NAME: &str = "authentication.kubernetes.io/node-name";
 pub const EXTRA_POD_NAME: &str = "authentication.kubernetes.io/pod-name";
 pub const EXTRA_POD_UID: &str = "authentication.kubernetes.io/pod-uid";
@@ -83,37 +85,6 @@ pub struct Request<'a> {
     /// headless Service of the agents' metrics port, `<service>.<namespace>.svc`): the one name a scraper that
     /// reaches every agent can verify. None: only the node's name.
     pub shared_name: Option<&'a ServiceDnsName>,
-}
-
-/// A Service's DNS name (`<service>.<namespace>.svc`), checked once where it is configured: a DNS name ending in
-/// `.svc`, no wildcard, and so neither a node's name (`….node.isthmus`) nor a caller's identity (`….isthmus`).
-/// The agents' shared name and the name of the operator's metrics listener are such names.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ServiceDnsName(String);
-
-/// A name [`ServiceDnsName::new`] refused.
-#[derive(Debug, thiserror::Error)]
-#[error("{0:?}: a Service's DNS name (<service>.<namespace>.svc, no wildcard) is required")]
-pub struct NotAServiceDnsName(String);
-
-impl ServiceDnsName {
-    pub fn new(name: &str) -> Result<Self, NotAServiceDnsName> {
-        let valid = name.ends_with(".svc")
-            && !name.contains('*')
-            && rustls::pki_types::ServerName::try_from(name)
-                .is_ok_and(|n| matches!(n, rustls::pki_types::ServerName::DnsName(_)));
-        if valid { Ok(Self(name.to_owned())) } else { Err(NotAServiceDnsName(name.to_owned())) }
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Display for ServiceDnsName {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
 }
 
 #[derive(Debug)]
@@ -412,14 +383,6 @@ mod tests {
             let case = Case { pem: csr(sans.clone(), |_| {}), shared_name: Some(shared()), ..Case::good() };
             assert_eq!(case.denied(), DenyReason::WrongNames, "{sans:?}");
         }
-        // A name that is no Service's, or a wildcard, or a caller's identity, cannot be configured at all.
-        for bad in
-            ["*.isthmus-system.svc", "isthmus-operator.isthmus-system.serviceaccount.isthmus", "x.node.isthmus", ""]
-        {
-            let refused = ServiceDnsName::new(bad).unwrap_err().to_string();
-            assert!(refused.contains("a Service's DNS name") && refused.contains(&format!("{bad:?}")), "{refused}");
-        }
-        assert_eq!(shared().as_str(), SHARED);
     }
 
     #[test]

@@ -15,7 +15,8 @@ use kube::api::PostParams;
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 
-use super::review::{DenyReason, EXTRA_POD_NAME, PodFacts, Request, ServiceDnsName, Verdict, review, single};
+use super::names::ServiceDnsName;
+use super::review::{DenyReason, EXTRA_POD_NAME, PodFacts, Request, Verdict, review, single};
 use super::store::Pki;
 use super::waiting::{WaitingRequests, is_waiting};
 

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use isthmus_agent_api::metrics_auth::{DecisionCache, KubeReviewer, MetricsAuth};
+use isthmus_agent_api::test_util::https::{Answer, bearer_get};
 use isthmus_operator::admission::upkeep;
 use isthmus_operator::https::ServingCertificate;
 use isthmus_operator::metrics::Metrics;
@@ -19,13 +20,12 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::Client;
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const SERVER_NAME: &str = "isthmus-operator-metrics.it.svc";
 
 /// `GET path` over TLS, verifying the listener's certificate under [`SERVER_NAME`] against `ca`, with an
-/// optional bearer token: the status and body.
-async fn get(ca: &str, addr: SocketAddr, path: &str, token: Option<&str>) -> (u16, String) {
+/// optional bearer token.
+async fn get(ca: &str, addr: SocketAddr, path: &str, token: Option<&str>) -> Answer {
     let mut roots = rustls::RootCertStore::empty();
     for cert in certificates(ca).unwrap() {
         roots.add(cert).unwrap();
@@ -35,19 +35,9 @@ async fn get(ca: &str, addr: SocketAddr, path: &str, token: Option<&str>) -> (u1
         .unwrap()
         .with_root_certificates(roots)
         .with_no_client_auth();
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let name = rustls::pki_types::ServerName::try_from(SERVER_NAME).unwrap();
-    let mut tls = connector.connect(name, tcp).await.expect("the listener's certificate verifies under its name");
-    let authorization = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {SERVER_NAME}\r\n{authorization}Connection: close\r\n\r\n");
-    tls.write_all(request.as_bytes()).await.unwrap();
-    let mut response = Vec::new();
-    let _ = tls.read_to_end(&mut response).await;
-    let response = String::from_utf8_lossy(&response).into_owned();
-    let code = response.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
-    (code, body)
+    bearer_get(addr, SERVER_NAME, config, path, token)
+        .await
+        .expect("the listener's certificate verifies under its name")
 }
 
 async fn token(client: &Client, ns: &str, account: &str) -> String {
@@ -100,30 +90,31 @@ async fn operator_metrics_by_token_200_403_401() {
     // RBAC reaches the authorizer's cache shortly after the binding is written: wait for the first 200 (a
     // refusal is cached for 30 s, so this waits with a fresh token's worth of patience each time).
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    let (code, body) = loop {
+    let answer = loop {
         let fresh = token(&client, &ns, "reader").await;
-        let (code, body) = get(&bundle, addr, "/metrics", Some(&fresh)).await;
-        if code == 200 || tokio::time::Instant::now() > deadline {
-            break (code, body);
+        let answer = get(&bundle, addr, "/metrics", Some(&fresh)).await;
+        if answer.status == 200 || tokio::time::Instant::now() > deadline {
+            break answer;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
-    assert_eq!(code, 200, "{body}");
-    assert!(body.contains("isthmus_operator_metrics_auth_total{outcome=\"allowed\"}"), "{body}");
-    assert!(body.contains("isthmus_operator_reconciles_total"), "{body}");
-    assert_eq!(get(&bundle, addr, "/metrics", Some(&reader)).await.0, 200);
-    let (code, body) = get(&bundle, addr, "/metrics", Some(&stranger)).await;
-    assert_eq!(code, 403, "{body}");
-    let (code, body) = get(&bundle, addr, "/metrics", None).await;
-    assert_eq!(code, 401, "{body}");
-    let (code, body) = get(&bundle, addr, "/metrics", Some("eyJhbGciOiJSUzI1NiJ9.forged.signature")).await;
-    assert_eq!(code, 401, "{body}");
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert!(answer.body.contains("isthmus_operator_metrics_auth_total{outcome=\"allowed\"}"), "{answer:?}");
+    assert!(answer.body.contains("isthmus_operator_reconciles_total"), "{answer:?}");
+    assert_eq!(get(&bundle, addr, "/metrics", Some(&reader)).await.status, 200);
+    let answer = get(&bundle, addr, "/metrics", Some(&stranger)).await;
+    assert_eq!((answer.status, answer.header("WWW-Authenticate")), (403, None), "{answer:?}");
+    // A 401 names the scheme it wants (RFC 6750).
+    for token in [None, Some("eyJhbGciOiJSUzI1NiJ9.forged.signature")] {
+        let answer = get(&bundle, addr, "/metrics", token).await;
+        assert_eq!((answer.status, answer.header("WWW-Authenticate")), (401, Some("Bearer")), "{answer:?}");
+    }
     // Nothing else is served: without a token not even a 404 says so.
-    assert_eq!(get(&bundle, addr, "/healthz", None).await.0, 401);
-    assert_eq!(get(&bundle, addr, "/healthz", Some(&reader)).await.0, 404);
+    assert_eq!(get(&bundle, addr, "/healthz", None).await.status, 401);
+    assert_eq!(get(&bundle, addr, "/healthz", Some(&reader)).await.status, 404);
 
     // Every outcome counted (the cached ones too), read back as the reader.
-    let (_, body) = get(&bundle, addr, "/metrics", Some(&reader)).await;
+    let body = get(&bundle, addr, "/metrics", Some(&reader)).await.body;
     for (outcome, at_least) in [("allowed", 3), ("forbidden", 1), ("unauthenticated", 3)] {
         let prefix = format!("isthmus_operator_metrics_auth_total{{outcome=\"{outcome}\"}} ");
         let line = body.lines().find(|l| l.starts_with(&prefix)).unwrap_or_else(|| panic!("no {outcome}: {body}"));

@@ -80,14 +80,22 @@ impl Outcome {
         }
     }
 
-    /// What a refused request is told in its body (None for [`Outcome::Allowed`]). A 401 also carries
-    /// `WWW-Authenticate: Bearer` (RFC 6750).
+    /// What a refused request is told in its body (None for [`Outcome::Allowed`]); its headers are
+    /// [`Outcome::refusal_headers`].
     pub fn refusal(self) -> Option<&'static str> {
         match self {
             Outcome::Allowed => None,
             Outcome::Unauthenticated => Some("a ServiceAccount token is required (Authorization: Bearer)"),
             Outcome::Forbidden => Some("the token's user may not get the non-resource URL /metrics"),
             Outcome::Error => Some("the token could not be reviewed (TokenReview/SubjectAccessReview)"),
+        }
+    }
+
+    /// Adds the headers a refusal carries: a 401 names the scheme it wants, `WWW-Authenticate: Bearer`
+    /// (RFC 6750), so that a client that sent no token learns which one.
+    pub fn refusal_headers(self, headers: &mut http::HeaderMap) {
+        if self == Outcome::Unauthenticated {
+            headers.insert(http::header::WWW_AUTHENTICATE, http::HeaderValue::from_static("Bearer"));
         }
     }
 
@@ -375,6 +383,17 @@ mod tests {
             [Outcome::Allowed, Outcome::Unauthenticated, Outcome::Forbidden, Outcome::Error].map(Outcome::status),
             [200, 401, 403, 503]
         );
+    }
+
+    #[test]
+    fn only_a_401_names_the_scheme_it_wants() {
+        for outcome in Outcome::ALL {
+            let mut headers = http::HeaderMap::new();
+            outcome.refusal_headers(&mut headers);
+            let expected = (outcome == Outcome::Unauthenticated).then_some("Bearer");
+            assert_eq!(headers.get(http::header::WWW_AUTHENTICATE).map(|v| v.to_str().unwrap()), expected);
+            assert_eq!(headers.len(), usize::from(expected.is_some()), "{outcome:?}");
+        }
     }
 
     #[tokio::test]

@@ -1,12 +1,16 @@
 //! Plan builders for tests and benchmarks (cargo feature `test-util`), so that every test that sends or reads a
 //! plan builds it the same way: a pod in namespace `default` shaping `eth0`, its destinations, the link that asked
-//! for them, and the impairments tests use most.
+//! for them, and the impairments tests use most. With the `client` feature also the HTTPS exchanges of the
+//! tests that talk to a listener directly ([`https`]).
 
 use std::net::IpAddr;
 
 use ipnet::IpNet;
 
 use crate::{DestinationPlan, Direction, Impairment, ImpairmentFields, LinkRef, PodPlan};
+
+#[cfg(feature = "client")]
+pub mod https;
 
 /// The forward direction of the NetworkLink `name` in namespace `default`.
 pub fn link(name: &str) -> LinkRef {
