@@ -243,7 +243,7 @@ mod tests {
     use isthmus_agent_api::Counters;
     use isthmus_operator::api::measured::MeasuredStatus;
     use isthmus_operator::api::{NetworkLinkSpec, NetworkLinkStatus};
-    use isthmus_operator::index::PodInfo;
+    use isthmus_operator::index::{PodInfo, PodPhase};
     use isthmus_operator::plan::Planner;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
@@ -265,7 +265,7 @@ mod tests {
             labels: [("app".to_string(), app.to_string())].into(),
             node: Some(node.into()),
             ips: vec![ip.parse().unwrap()],
-            running: true,
+            phase: PodPhase::Running,
             terminating: false,
             host_network: false,
         }

@@ -55,9 +55,9 @@ pub fn destination(index: &Index, dest: &DestArg, source_ips: &[IpAddr]) -> Resu
     }
 }
 
-/// The running pod or the Service whose address `ip` is.
+/// The pod (pending or running) or the Service whose address `ip` is.
 fn owner(index: &Index, ip: IpAddr) -> Option<String> {
-    let pod = index.pods.iter().find(|(_, p)| p.running && !p.terminating && !p.host_network && p.ips.contains(&ip));
+    let pod = index.pods.iter().find(|(_, p)| p.usable() && p.ips.contains(&ip));
     if let Some((key, _)) = pod {
         return Some(format!("pod {key}"));
     }
@@ -66,7 +66,7 @@ fn owner(index: &Index, ip: IpAddr) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use isthmus_operator::index::{PodInfo, ServiceInfo};
+    use isthmus_operator::index::{PodInfo, PodPhase, ServiceInfo};
 
     use super::*;
 
@@ -77,7 +77,7 @@ mod tests {
             labels: Default::default(),
             node: Some("n1".into()),
             ips: ips.iter().map(|s| s.parse().unwrap()).collect(),
-            running: true,
+            phase: PodPhase::Running,
             terminating: false,
             host_network: false,
         };

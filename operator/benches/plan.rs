@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use isthmus_operator::api::{FromSpec, ImpairmentSpec, NetworkLink, NetworkLinkSpec, ServiceInclusion, ToSpec};
-use isthmus_operator::index::{Index, LinkInfo, ObjectKey, PodInfo, ServiceInfo};
+use isthmus_operator::index::{Index, LinkInfo, ObjectKey, PodInfo, PodPhase, ServiceInfo};
 use isthmus_operator::plan::{PlanLimits, Planner, compute, compute_with};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
 
@@ -65,7 +65,7 @@ fn pod(ns: &str, name: &str, app: &str, node: usize, n: u32) -> (ObjectKey, PodI
                 format!("10.{}.{}.{}", n >> 16 & 255, n >> 8 & 255, n & 255).parse().unwrap(),
                 format!("fd00::{n:x}").parse().unwrap(),
             ],
-            running: true,
+            phase: PodPhase::Running,
             terminating: false,
             host_network: false,
         },

@@ -18,6 +18,9 @@ use kube::core::{Selector, SelectorExt};
 use crate::api::{NetworkLink, ResolvedImpairments, ServiceInclusion, SpecError};
 use crate::gate::PodGate;
 
+mod phase;
+pub use phase::PodPhase;
+
 pub type Labels = BTreeMap<String, String>;
 
 /// Namespace and name of a namespaced object.
@@ -52,22 +55,27 @@ pub struct PodInfo {
     pub node: Option<String>,
     /// `status.podIPs` (dual stack), in the order the kubelet reported them.
     pub ips: Vec<IpAddr>,
-    /// `status.phase == Running`.
-    pub running: bool,
+    pub phase: PodPhase,
     /// `metadata.deletionTimestamp` is set: the pod is going away and its IP may soon belong to another.
     pub terminating: bool,
     pub host_network: bool,
 }
 
 impl PodInfo {
-    /// A pod whose network the plan can use: running, not terminating, on a node, with IPs, own network.
+    /// A pod whose network the plan can use: pending or running, not terminating, on a node, with IPs (its
+    /// sandbox exists, so its containers may send from now on), own network.
     pub fn usable(&self) -> bool {
-        self.running && !self.terminating && self.node.is_some() && !self.ips.is_empty() && !self.host_network
+        self.phase.may_send() && !self.terminating && self.node.is_some() && !self.ips.is_empty() && !self.host_network
     }
 
-    /// A running host-network pod that a selector picks but isthmus must leave alone.
+    /// A pod a Service sends to, as the EndpointSlice controller counts its endpoints: running, not terminating.
+    pub fn serves(&self) -> bool {
+        self.phase == PodPhase::Running && !self.terminating
+    }
+
+    /// A pending or running host-network pod that a selector picks but isthmus must leave alone.
     pub fn excluded_host_network(&self) -> bool {
-        self.host_network && self.running && !self.terminating && self.node.is_some()
+        self.host_network && self.phase.may_send() && !self.terminating && self.node.is_some()
     }
 
     pub fn from_pod(pod: &Pod) -> (ObjectKey, PodInfo) {
@@ -86,7 +94,7 @@ impl PodInfo {
             labels: pod.labels().clone(),
             node: spec.and_then(|s| s.node_name.clone()).filter(|n| !n.is_empty()),
             ips,
-            running: status.and_then(|s| s.phase.as_deref()) == Some("Running"),
+            phase: PodPhase::of(status.and_then(|s| s.phase.as_deref())),
             terminating: pod.metadata.deletion_timestamp.is_some(),
             host_network: spec.and_then(|s| s.host_network).unwrap_or(false),
         };
@@ -353,5 +361,28 @@ mod tests {
         };
         assert_eq!(summarize(&short), "app=api");
         assert_eq!(summarize(&LabelSelector::default()), "(all)");
+    }
+
+    #[test]
+    fn a_pod_is_usable_from_its_first_ip_and_serves_a_service_once_running() {
+        let pod = |phase: &str, ip: Option<&str>, deleted: bool| {
+            let mut pod: Pod = serde_json::from_value(serde_json::json!({
+                "metadata": {"namespace": "ns", "name": "p", "uid": "u"},
+                "spec": {"nodeName": "n1", "containers": []},
+                "status": {"phase": phase, "podIP": ip, "podIPs": ip.map(|ip| vec![serde_json::json!({"ip": ip})])},
+            }))
+            .unwrap();
+            if deleted {
+                pod.metadata.deletion_timestamp = Some(Time(Default::default()));
+            }
+            let info = PodInfo::from_pod(&pod).1;
+            (info.phase, info.usable(), info.serves())
+        };
+        assert_eq!(pod("Pending", None, false), (PodPhase::Pending, false, false), "no sandbox yet");
+        assert_eq!(pod("Pending", Some("10.0.0.1"), false), (PodPhase::Pending, true, false), "init containers send");
+        assert_eq!(pod("Running", Some("10.0.0.1"), false), (PodPhase::Running, true, true));
+        assert_eq!(pod("Running", Some("10.0.0.1"), true), (PodPhase::Running, false, false), "terminating");
+        assert_eq!(pod("Succeeded", Some("10.0.0.1"), false), (PodPhase::Ended, false, false), "its IP may be reused");
+        assert_eq!(pod("Unknown", Some("10.0.0.1"), false), (PodPhase::Unknown, false, false));
     }
 }

@@ -9,7 +9,7 @@ use isthmus_agent_api::{Direction, NodePlan};
 use isthmus_operator::api::{NetworkLinkSpec, ServiceInclusion};
 use isthmus_operator::controller::status::fill_status;
 use isthmus_operator::failure::FailureReason;
-use isthmus_operator::index::ObjectKey;
+use isthmus_operator::index::{ObjectKey, PodPhase};
 use isthmus_operator::plan::{Planner, compute};
 use support::*;
 
@@ -82,15 +82,20 @@ fn the_way_back_of_a_one_way_link_is_the_opposite_link() {
     assert!(p.way_back(&ObjectKey::new("geo", "eu-ap")).is_none(), "nothing impairs ap → eu");
 }
 
-/// Pods without IPs, not running or terminating are neither sources nor destinations, and are not failures.
+/// Pods without IPs, ended, of an unknown phase or terminating are neither sources nor destinations, and are not
+/// failures; a pending pod with an IP is both (its init containers send before it runs).
 #[test]
-fn pods_not_ready_for_the_network_are_skipped() {
+fn pods_not_ready_for_the_network_are_skipped_and_pending_ones_with_an_ip_are_planned() {
     let mut p = Planner::new();
     let (k, mut v) = pod("ns", "no-ip", "client", "n1", &[]);
     v.ips.clear();
+    v.phase = PodPhase::Pending;
     p.upsert_pod(k, v);
-    let (k, mut v) = pod("ns", "pending", "client", "n1", &["10.0.0.2"]);
-    v.running = false;
+    let (k, mut v) = pod("ns", "done", "client", "n1", &["10.0.0.2"]);
+    v.phase = PodPhase::Ended;
+    p.upsert_pod(k, v);
+    let (k, mut v) = pod("ns", "lost", "client", "n1", &["10.0.0.5"]);
+    v.phase = PodPhase::Unknown;
     p.upsert_pod(k, v);
     let (k, mut v) = pod("ns", "leaving", "client", "n1", &["10.0.0.3"]);
     v.terminating = true;
@@ -98,9 +103,13 @@ fn pods_not_ready_for_the_network_are_skipped() {
     let (k, mut v) = pod("ns", "old-server", "server", "n2", &["10.0.0.8"]);
     v.terminating = true;
     p.upsert_pod(k, v);
+    let (k, mut v) = pod("ns", "ended-server", "server", "n2", &["10.0.0.7"]);
+    v.phase = PodPhase::Ended;
+    p.upsert_pod(k, v);
     let (k, v) = pod("ns", "client", "client", "n1", &["10.0.0.4"]);
     p.upsert_pod(k, v);
-    let (k, v) = pod("ns", "server", "server", "n2", &["10.0.0.9"]);
+    let (k, mut v) = pod("ns", "server", "server", "n2", &["10.0.0.9"]);
+    v.phase = PodPhase::Pending;
     p.upsert_pod(k, v);
     let (k, v) = link("ns", "l", 1, spec("client", "server", 5));
     p.upsert_link(k, v);
@@ -111,11 +120,16 @@ fn pods_not_ready_for_the_network_are_skipped() {
     let facts = p.link_facts(&ObjectKey::new("ns", "l")).unwrap();
     assert!(facts.exclusions.is_empty());
 
-    // The pending pod gets its IP and starts running: it joins at the next recompute.
-    let (k, v) = pod("ns", "pending", "client", "n1", &["10.0.0.2"]);
+    // The pod without an IP gets one while still pending (its sandbox is up): it joins at the next recompute.
+    let (k, mut v) = pod("ns", "no-ip", "client", "n1", &["10.0.0.2"]);
+    v.phase = PodPhase::Pending;
     p.upsert_pod(k, v);
     assert_eq!(p.recompute().nodes, vec!["n1".to_string()]);
     assert_eq!(p.node_plan("n1").unwrap().pods.len(), 2);
+    // Running changes nothing the plan holds.
+    let (k, v) = pod("ns", "no-ip", "client", "n1", &["10.0.0.2"]);
+    p.upsert_pod(k, v);
+    assert!(p.recompute().nodes.is_empty());
 }
 
 #[test]
@@ -383,8 +397,11 @@ fn services_fronting_only_destination_pods_are_included() {
     assert_eq!(got, vec!["10.0.0.10/32", "10.96.0.10/32", "fd00:96::10/128"]);
 
     // A pod that the Service also routes to, but the link does not cover, takes the Service out.
+    // Pending, the pod is no endpoint yet (the Service sends to running pods only): the Service stays.
     let (k, mut v) = pod("ns", "api-canary", "api", "n2", &["10.0.0.11"]);
     v.labels.insert("track".into(), "canary".into());
+    let canary = (k.clone(), v.clone());
+    v.phase = PodPhase::Pending;
     p.upsert_pod(k, v);
     let mut s = spec("client", "api", 10);
     s.to.pod_selector = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector {
@@ -397,6 +414,10 @@ fn services_fronting_only_destination_pods_are_included() {
     });
     let (k, v) = link("ns", "l", 1, s.clone());
     p.upsert_link(k, v);
+    p.recompute();
+    let got: Vec<_> = dests(p.node_plan("n1").unwrap(), "client").into_iter().map(|d| d.0).collect();
+    assert_eq!(got, vec!["10.0.0.10/32", "10.96.0.10/32", "fd00:96::10/128"]);
+    p.upsert_pod(canary.0, canary.1);
     p.recompute();
     let got: Vec<_> = dests(p.node_plan("n1").unwrap(), "client").into_iter().map(|d| d.0).collect();
     assert_eq!(got, vec!["10.0.0.10/32"]);

@@ -10,7 +10,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use isthmus_operator::api::{NetworkLinkSpec, ServiceInclusion};
 use isthmus_operator::failure::FailureReason;
-use isthmus_operator::index::{Labels, LinkInfo, ObjectKey, PodInfo, ServiceInfo};
+use isthmus_operator::index::{Labels, LinkInfo, ObjectKey, PodInfo, PodPhase, ServiceInfo};
 use isthmus_operator::plan::{PlanLimits, Planner, Refusal, compute_with, resolve_link};
 use proptest::prelude::*;
 use support::*;
@@ -62,12 +62,18 @@ fn pod_event() -> impl Strategy<Value = Event> {
         0..3usize,
         prop::option::weighted(0.9, 0..3u8),
         prop::collection::vec(0..24u8, 0..3),
-        prop::bool::weighted(0.85),
+        prop::sample::select(vec![
+            PodPhase::Pending,
+            PodPhase::Running,
+            PodPhase::Running,
+            PodPhase::Ended,
+            PodPhase::Unknown,
+        ]),
         prop::bool::weighted(0.1),
         prop::bool::weighted(0.1),
         prop::bool::weighted(0.85),
     )
-        .prop_map(|(ns, name, app, node, ips, running, terminating, host_network, present)| {
+        .prop_map(|(ns, name, app, node, ips, phase, terminating, host_network, present)| {
             let key = ObjectKey::new(NAMESPACES[ns], format!("pod-{name}"));
             let info = PodInfo {
                 uid: format!("uid-{}-{name}-{node:?}", NAMESPACES[ns]),
@@ -78,7 +84,7 @@ fn pod_event() -> impl Strategy<Value = Event> {
                     v.dedup();
                     v
                 },
-                running,
+                phase,
                 terminating,
                 host_network,
             };

@@ -48,7 +48,7 @@ pub struct NetworkLinkStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = MAX_SUMMARY))]
     pub expected_round_trip: Option<String>,
-    /// Running `from` pods (and `to` pods for the reverse direction) that this link shapes.
+    /// `from` pods (and `to` pods for the reverse direction) that this link shapes: pending or running, with an IP.
     #[serde(default)]
     #[schemars(range(max = 4294967295_u32))]
     pub source_pods: u32,

@@ -140,7 +140,7 @@ pub fn host_network(role: &str) -> String {
     format!("{role} pod uses the host's network: its egress and its IP are the node's, so isthmus does not touch it")
 }
 
-/// The running pods each Service selects, computed at most once per [`Planner::recompute`] and shared by
+/// The running pods each Service selects (its endpoints), computed at most once per [`Planner::recompute`] and shared by
 /// every link resolved in it.
 #[derive(Debug, Default)]
 pub struct EndpointMemo {
@@ -155,7 +155,7 @@ impl EndpointMemo {
             }
             index
                 .pods_in(&key.namespace)
-                .filter(|(_, pod)| pod.running && !pod.terminating && svc.selects(pod))
+                .filter(|(_, pod)| pod.serves() && svc.selects(pod))
                 .map(|(k, _)| k.clone())
                 .collect()
         })

@@ -28,7 +28,7 @@ pub struct NetworkTopologyStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = MAX_SUMMARY))]
     pub summary: Option<String>,
-    /// Each region with its running pods.
+    /// Each region with its pods (pending or running, with an IP).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = MAX_REGIONS))]
     pub regions: Vec<RegionStatus>,
@@ -61,7 +61,7 @@ pub struct NetworkTopologyStatus {
 pub struct RegionStatus {
     #[schemars(length(max = MAX_REGION_NAME))]
     pub name: String,
-    /// Running pods in the region (host-network pods are never shaped and not counted).
+    /// Pods in the region, pending or running, with an IP (host-network pods are never shaped and not counted).
     #[schemars(range(max = 4294967295_u32))]
     pub pods: u32,
 }
@@ -186,7 +186,7 @@ pub fn topology_status(input: &StatusInput<'_>) -> NetworkTopologyStatus {
 }
 
 fn fill(status: &mut NetworkTopologyStatus, exp: &Expansion, input: &StatusInput<'_>) {
-    // A region's own link has every running pod of the region as a source.
+    // A region's own link has every pod of the region with an IP as a source.
     let pods = |i: usize| -> u32 {
         let child = input.children.get(&exp.child(i, i).name);
         child.and_then(|c| c.status.as_ref()).map_or(0, |s| s.source_pods)

@@ -205,26 +205,46 @@ pub fn link(name: &str, latency: &str) -> NetworkLink {
 
 /// A pod that the API server holds as running on `node` (no kubelet: the test writes the status).
 pub async fn running_pod(client: &Client, ns: &str, name: &str, app: &str, node: &str, ip: &str) {
-    create_running_pod(client, ns, name, app, node, ip, false).await
+    create_pod(client, ns, name, app, node, Some(ip), "Running", false).await
 }
 
 /// [`running_pod`] declaring the readiness gate, with the conditions a kubelet reports while a gate is not True:
 /// the containers ready, the pod not.
 pub async fn gated_pod(client: &Client, ns: &str, name: &str, app: &str, node: &str, ip: &str) {
-    create_running_pod(client, ns, name, app, node, ip, true).await
+    create_pod(client, ns, name, app, node, Some(ip), "Running", true).await
 }
 
-async fn create_running_pod(client: &Client, ns: &str, name: &str, app: &str, node: &str, ip: &str, gated: bool) {
+/// [`gated_pod`] still `Pending` (its init containers run), with its sandbox's IP or none yet.
+pub async fn pending_gated_pod(client: &Client, ns: &str, name: &str, app: &str, node: &str, ip: Option<&str>) {
+    create_pod(client, ns, name, app, node, ip, "Pending", true).await
+}
+
+#[allow(clippy::too_many_arguments)] // each is a field of the pod, named at the three call sites above
+async fn create_pod(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    app: &str,
+    node: &str,
+    ip: Option<&str>,
+    phase: &str,
+    gated: bool,
+) {
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let mut pod = json!({
         "metadata": {"name": name, "labels": {"app": app}},
         "spec": {"nodeName": node, "containers": [{"name": "c", "image": "localhost/none:1"}]},
     });
-    let mut status = json!({"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}});
+    let mut status = json!({"status": {"phase": phase}});
+    if let Some(ip) = ip {
+        status["status"]["podIP"] = json!(ip);
+        status["status"]["podIPs"] = json!([{"ip": ip}]);
+    }
     if gated {
         pod["spec"]["readinessGates"] = json!([{"conditionType": CONDITION_TYPE}]);
+        let containers_ready = if phase == "Running" { "True" } else { "False" };
         status["status"]["conditions"] = json!([
-            {"type": "ContainersReady", "status": "True"},
+            {"type": "ContainersReady", "status": containers_ready},
             {"type": "Ready", "status": "False", "reason": "ReadinessGatesNotReady"},
         ]);
     }

@@ -1,7 +1,8 @@
 //! The readiness gate against a real API server and a real agent: the operator's server-side apply of its one
 //! condition on `pods/status` lands next to the kubelet's conditions, holds a pod whose entry failed NotReady,
-//! makes a pod no link selects ready, leaves ungated pods alone, writes nothing more once the conditions stand,
-//! decides a replaced pod anew, and releases a pod whose link is deleted.
+//! makes a pod no link selects ready, decides a pending pod once it has an IP (planned before it runs), leaves
+//! ungated pods alone, writes nothing more once the conditions stand, decides a replaced pod anew, and releases a
+//! pod whose link is deleted.
 
 use std::time::Duration;
 
@@ -45,6 +46,9 @@ async fn the_gate_condition_lands_on_the_pod_and_holds_it_not_ready() {
     gated_pod(client, ns, "client-0", "client", node, "198.51.100.50").await;
     gated_pod(client, ns, "loner", "db", node, "198.51.100.51").await;
     running_pod(client, ns, "plain", "client", node, "198.51.100.52").await;
+    // Init containers run: one pod's sandbox has its IP, the other's not yet.
+    pending_gated_pod(client, ns, "client-1", "client", node, Some("198.51.100.54")).await;
+    pending_gated_pod(client, ns, "client-2", "client", node, None).await;
     running_pod(client, ns, "server-0", "server", node, "198.51.100.60").await;
     // The link exists before the controller starts: started first, a controller may decide the client's gate
     // (NoLinks) before it sees a link created after it (seen once under load in operator-it).
@@ -59,6 +63,11 @@ async fn the_gate_condition_lands_on_the_pod_and_holds_it_not_ready() {
     assert_eq!((status.as_str(), reason.as_str()), ("False", "PodNotFound"));
     assert!(message.contains("198.51.100.50"), "the agent's message, naming the pod's IP: {message}");
     assert!(!kubelet_ready(&client_0), "a kubelet would hold the pod NotReady");
+    // The pending pod with an IP was planned and its entry sent to the agent, which failed it as the running one's.
+    let client_1 = decided(&pods, "client-1", "the pending client's condition").await;
+    let (status, reason, message) = gate(&client_1).unwrap();
+    assert_eq!((status.as_str(), reason.as_str()), ("False", "PodNotFound"), "{message}");
+    assert!(message.contains("198.51.100.54"), "the agent's message, naming the pending pod's IP: {message}");
     // No link selects the loner: ready at once.
     let loner = decided(&pods, "loner", "the loner's condition").await;
     let (status, reason, _) = gate(&loner).unwrap();
@@ -83,10 +92,12 @@ async fn the_gate_condition_lands_on_the_pod_and_holds_it_not_ready() {
 
     // The conditions stand: nothing is written again (the index knows what each pod carries).
     tokio::time::sleep(Duration::from_secs(3)).await;
-    for (name, before) in [("client-0", &client_0), ("loner", &loner)] {
+    for (name, before) in [("client-0", &client_0), ("client-1", &client_1), ("loner", &loner)] {
         let now = pods.get(name).await.unwrap();
         assert_eq!(now.metadata.resource_version, before.metadata.resource_version, "{name} was written again");
     }
+    // A pod without an IP is not planned, so nothing is decided for it (pending is never written).
+    assert_eq!(gate(&pods.get("client-2").await.unwrap()), None, "client-2 has no IP yet");
 
     // A pod replaced under the same name is decided anew: its own condition, on the new pod.
     pods.delete("loner", &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await.unwrap();

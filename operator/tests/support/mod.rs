@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use isthmus_operator::api::{FromSpec, ImpairmentSpec, NetworkLink, NetworkLinkSpec, ServiceInclusion, ToSpec};
-use isthmus_operator::index::{LinkInfo, ObjectKey, PodInfo, ServiceInfo};
+use isthmus_operator::index::{LinkInfo, ObjectKey, PodInfo, PodPhase, ServiceInfo};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
 
 pub fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
@@ -25,7 +25,7 @@ pub fn pod(ns: &str, name: &str, app: &str, node: &str, ips: &[&str]) -> (Object
             labels: labels(&[("app", app)]),
             node: Some(node.into()),
             ips: ips.iter().map(|s| s.parse::<IpAddr>().unwrap()).collect(),
-            running: true,
+            phase: PodPhase::Running,
             terminating: false,
             host_network: false,
         },

@@ -1,5 +1,5 @@
 //! End-to-end scenarios of netem's impairments: latency, jitter, loss, duplication, corruption, reordering, a long
-//! fat network, head-of-line blocking, Service traffic, rescheduling, edits, the kernel-dependent duplicate
+//! fat network, head-of-line blocking, Service traffic, rescheduling, a pending pod's init container, edits, the kernel-dependent duplicate
 //! restriction, a link's measurement of itself, and a NetworkTopology's matrix of regions — each measured from inside pods with isthmus-probe, against a baseline measured in the same run.
 //! Through the tc datapath on nodes whose kernel has sch_netem (the vm provider here, kind on GitHub's runners),
 //! through the userspace datapath on nodes without it (this machine's kernel, the local provider):
@@ -44,6 +44,7 @@ const SCENARIOS: &[Scenario] = &[
     ("no_head_of_line_blocking", scenarios::throughput::no_head_of_line_blocking),
     ("service_traffic", scenarios::latency::service_traffic),
     ("rescheduling", scenarios::lifecycle::rescheduling),
+    ("impaired_while_pending", scenarios::first_packet::impaired_while_pending),
     ("edit_and_delete", scenarios::lifecycle::edit_and_delete),
     ("duplicate_restriction_follows_the_kernel", scenarios::packets::duplicate_restriction_follows_the_kernel),
     ("measured_follows_the_link", scenarios::measured::measured_follows_the_link),

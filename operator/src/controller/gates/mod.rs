@@ -167,7 +167,7 @@ pub fn verdict(planner: &Planner, reports: &BTreeMap<String, NodeReport>, key: &
         // Planned, and no plan holds it: every link that selects it has no destination for it.
         Verdict::NoPairs { links }
     } else {
-        // Not running yet: its entry comes once it runs.
+        // No IP yet (or ended): its entry comes once its sandbox has one.
         Verdict::Pending
     })
 }

@@ -10,7 +10,7 @@ use super::*;
 use crate::api::NetworkLink;
 use crate::controller::nodes::{AgentFailure, AppliedPlan};
 use crate::gate::PodGate;
-use crate::index::{Index, LinkInfo};
+use crate::index::{Index, LinkInfo, PodPhase};
 use crate::plan::compute;
 
 const NS: &str = "ns";
@@ -30,7 +30,7 @@ fn pod(name: &str, app: &str, ip: &str) -> PodInfo {
         labels: [("app".to_owned(), app.to_owned())].into(),
         node: Some("n1".into()),
         ips: vec![ip.parse().unwrap()],
-        running: true,
+        phase: PodPhase::Running,
         terminating: false,
         host_network: false,
     }
@@ -169,7 +169,7 @@ fn a_pod_the_agent_emulates_is_told_what_the_emulation_leaves_unimpaired() {
 #[test]
 fn a_pod_no_link_selects_is_ready_at_once_and_one_not_running_yet_waits() {
     let mut waiting = pod("waiting", "client", "10.0.0.3");
-    waiting.running = false;
+    waiting.phase = PodPhase::Pending;
     waiting.ips.clear();
     let mut other = pod("other", "db", "10.0.0.4");
     other.node = None;
@@ -179,7 +179,7 @@ fn a_pod_no_link_selects_is_ready_at_once_and_one_not_running_yet_waits() {
     );
     let none = BTreeMap::new();
     assert_eq!(verdict_of(&p, &none, "other"), Some(Verdict::NoLinks), "not even scheduled, and nothing selects it");
-    assert_eq!(verdict_of(&p, &none, "waiting"), Some(Verdict::Pending), "selected: its entry comes once it runs");
+    assert_eq!(verdict_of(&p, &none, "waiting"), Some(Verdict::Pending), "selected: its entry comes once it has an IP");
     assert_eq!(verdict_of(&p, &none, "server"), Some(Verdict::NoLinks), "a destination only: its egress is not shaped");
     let written = changes(&p, &none, [&key("other"), &key("waiting"), &key("server")], &time(5));
     let reasons: Vec<(&str, GateReason)> = written.iter().map(|c| (c.pod.name.as_str(), c.write.reason)).collect();
@@ -223,7 +223,8 @@ fn the_reverse_direction_makes_the_to_pods_sources() {
     let mut symmetric = client_to_server();
     symmetric["symmetric"] = json!(true);
     let mut server = pod("server", "server", "10.0.0.2");
-    server.running = false;
+    server.phase = PodPhase::Pending;
+    server.ips.clear();
     let pods = vec![("client", pod("client", "client", "10.0.0.1")), ("server", server)];
     let p = planned(pods.clone(), vec![link(NS, "l", symmetric)]);
     assert_eq!(verdict_of(&p, &BTreeMap::new(), "server"), Some(Verdict::Pending), "a source of the reverse direction");

@@ -114,7 +114,7 @@ fn conditions(
     } else {
         let (pairs, applied, failed) = (status.pairs, status.pairs_applied, status.pairs_failed);
         conditions.push(if pairs == 0 {
-            cond(READY, true, "NoPairs", "no running pod matches the link yet; nothing to apply")
+            cond(READY, true, "NoPairs", "no pod with an IP matches the link yet; nothing to apply")
         } else if applied == pairs {
             cond(READY, true, "Applied", &format!("all {pairs} pairs are applied{}", capped(status, first_cap)))
         } else if failed > 0 {

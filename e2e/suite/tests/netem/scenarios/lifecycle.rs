@@ -11,19 +11,52 @@ use crate::bands::{Baseline, delay_floor};
 use crate::fixture::{Fixture, one_way_spec};
 
 /// How soon the impairment must be in force: the issue's "within its first second".
-const WITHIN_MS: f64 = 1000.0;
+pub(crate) const WITHIN_MS: f64 = 1000.0;
 /// Probes 20 ms apart, delayed without a break, that make a switch: two seconds of them. A switch found only in
 /// the window's last probes is a spike until this many follow it.
-const SUSTAINED: usize = 100;
-const INTERVAL_MS: u32 = 20;
+pub(crate) const SUSTAINED: usize = 100;
+pub(crate) const INTERVAL_MS: u32 = 20;
 
-/// A Deployment whose pods probe `target_ip` from the moment they start: the first container runs the prober
-/// (`count` probes, 20 ms apart, then it holds its report in its log), the second serves. The pods declare isthmus's
-/// readiness gate, so they become Ready only once their links are in force (docs/networklink.md, "Readiness
-/// gate"): without it, on nodes as slow as this rig's emulated ones, a new pod can be Ready a second before its
-/// impairment is installed.
-fn probing_deployment(name: &str, node: &str, target_ip: &str, count: u32) -> String {
+/// Where a probing pod runs its prober.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Prober {
+    /// The first container, which holds its report in its log once done; the pod declares isthmus's readiness
+    /// gate, so it becomes Ready only once its links are in force (docs/networklink.md, "Readiness gate"):
+    /// without it, on nodes as slow as this rig's emulated ones, a new pod can be Ready a second before its
+    /// impairment is installed.
+    FirstContainer,
+    /// An init container, which exits once done: the pod is `Pending` for the whole run. No readiness gate.
+    Init,
+}
+
+/// A Deployment whose pods probe `target_ip` from the moment they start: the prober sends `count` probes, 20 ms
+/// apart, and leaves its report in its log; a container that serves runs beside it (or after it).
+pub(crate) fn probing_deployment(name: &str, node: &str, target_ip: &str, count: u32, prober: Prober) -> String {
     let image = probe_image();
+    let restricted = "{allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: {drop: [ALL]}}";
+    let hold = if prober == Prober::FirstContainer { ", --hold" } else { "" };
+    let probing = format!(
+        r#"        - name: prober
+          image: {image}
+          args: [rtt, --target, "{target_ip}:7000", --count, "{count}", --interval-ms, "{INTERVAL_MS}", --samples{hold}]
+          securityContext: {restricted}
+"#
+    );
+    let serving = format!(
+        r#"        - name: probe
+          image: {image}
+          args: [serve]
+          readinessProbe: {{tcpSocket: {{port: 7000}}, periodSeconds: 1}}
+          securityContext: {restricted}
+"#
+    );
+    let (gate, containers) = match prober {
+        Prober::FirstContainer => (
+            "\n      readinessGates: [{conditionType: isthmus.dev/links-applied}]",
+            format!("      containers:\n{probing}{serving}"),
+        ),
+        Prober::Init => ("", format!("      initContainers:\n{probing}      containers:\n{serving}")),
+    };
     format!(
         r#"apiVersion: apps/v1
 kind: Deployment
@@ -34,21 +67,10 @@ spec:
   template:
     metadata: {{labels: {{app: {name}}}}}
     spec:
-      nodeName: {node}
-      readinessGates: [{{conditionType: isthmus.dev/links-applied}}]
+      nodeName: {node}{gate}
       terminationGracePeriodSeconds: 1
       securityContext: {{runAsNonRoot: true, runAsUser: 65532, runAsGroup: 65532}}
-      containers:
-        - name: prober
-          image: {image}
-          args: [rtt, --target, "{target_ip}:7000", --count, "{count}", --interval-ms, "{INTERVAL_MS}", --samples, --hold]
-          securityContext: {{allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: {{drop: [ALL]}}}}
-        - name: probe
-          image: {image}
-          args: [serve]
-          readinessProbe: {{tcpSocket: {{port: 7000}}, periodSeconds: 1}}
-          securityContext: {{allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: {{drop: [ALL]}}}}
-"#
+{containers}"#
     )
 }
 
@@ -66,8 +88,8 @@ pub(crate) fn unix_seconds(rfc3339: &str) -> i64 {
 }
 
 /// The pod's life as its node wrote it, in ms relative to `origin_ms` (the prober's first probe): when it started,
-/// each condition's last transition, and each container's start.
-fn pod_timeline(pod: &serde_json::Value, origin_ms: i64) -> String {
+/// each condition's last transition, and each init container's and container's start.
+pub(crate) fn pod_timeline(pod: &serde_json::Value, origin_ms: i64) -> String {
     let rel = |t: &serde_json::Value| t.as_str().map(|t| format!("{:+} ms", unix_seconds(t) * 1000 - origin_ms));
     let mut events = vec![format!("startTime {}", rel(&pod["status"]["startTime"]).unwrap_or_default())];
     for c in pod["status"]["conditions"].as_array().into_iter().flatten() {
@@ -75,17 +97,22 @@ fn pod_timeline(pod: &serde_json::Value, origin_ms: i64) -> String {
             rel(&c["lastTransitionTime"]).unwrap_or_default()
         }));
     }
-    for c in pod["status"]["containerStatuses"].as_array().into_iter().flatten() {
-        let started = rel(&c["state"]["running"]["startedAt"]).unwrap_or_else(|| "not running".into());
-        events.push(format!("container {} started {started}", c["name"].as_str().unwrap_or("?")));
+    for (kind, statuses) in [("init container", "initContainerStatuses"), ("container", "containerStatuses")] {
+        for c in pod["status"][statuses].as_array().into_iter().flatten() {
+            let state = &c["state"];
+            let started = rel(&state["running"]["startedAt"])
+                .or_else(|| rel(&state["terminated"]["startedAt"]))
+                .unwrap_or_else(|| "not started".into());
+            events.push(format!("{kind} {} started {started}", c["name"].as_str().unwrap_or("?")));
+        }
     }
     events.join("; ")
 }
 
 /// The source Deployment moves to the other node: the replacement pod (new IP, new sandbox) has the link's latency
 /// no later than a second after its Ready, and keeps it. The prober starts with the pod and probes for 20 s, which
-/// covers the pod's Ready with room on the emulated nodes (its containers start seconds before the pod is Running,
-/// and the pod is planned once Running); a window that ends before Ready and the sustained run after it is
+/// covers the pod's Ready with room on the emulated nodes (its containers start seconds before the pod is Running
+/// and Ready); a window that ends before Ready and the sustained run after it is
 /// inconclusive, a failure. The pod's Ready time is written by the same node's kubelet, on the same clock as the
 /// prober's, truncated to the second (so the delay is measured from the earliest instant Ready can have been:
 /// never generous). Lost probes decide nothing (the link loses none; an emulated node starved of the host's CPU
@@ -99,7 +126,7 @@ pub fn rescheduling(f: &Fixture) {
         ),
         (0, 1_709_208_000, 1_795_470_927)
     );
-    f.ns.apply(&probing_deployment("mover", &f.n1, &f.server.ip, 1000));
+    f.ns.apply(&probing_deployment("mover", &f.n1, &f.server.ip, 1000, Prober::FirstContainer));
     let (first, first_ip, _) = f.ns.wait_ready_pod("mover");
     let link = f.one_way("follow", "mover", "server", "{latency: 40ms}");
     let patch = serde_json::json!({"spec": {"template": {"spec": {"nodeName": f.n2}}}});

@@ -1,5 +1,6 @@
 //! The scenarios, by what they measure.
 
+pub mod first_packet;
 pub mod latency;
 pub mod lifecycle;
 pub mod loss;
