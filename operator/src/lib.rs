@@ -32,3 +32,4 @@ pub mod telemetry;
 pub mod topology;
 pub mod uninstall;
 pub mod units;
+pub mod wait_for_links;

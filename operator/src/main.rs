@@ -10,7 +10,11 @@ use anyhow::Context as _;
 use clap::Parser;
 use isthmus_agent_api::client::{AgentClient, ClientConfig};
 use isthmus_agent_api::metrics_auth::{DecisionCache, KubeReviewer, MetricsAuth};
-use isthmus_operator::admission::{self, server::ServingCertificate, upkeep::ServingConfig};
+use isthmus_operator::admission;
+use isthmus_operator::admission::hold_flags::{Hold, HoldFlags};
+use isthmus_operator::admission::links_applied::HeldPods;
+use isthmus_operator::admission::server::{HoldServing, ServingCertificate};
+use isthmus_operator::admission::upkeep::{ServingConfig, WebhookConfiguration};
 use isthmus_operator::controller::measure::MeasureConfig;
 use isthmus_operator::controller::nodes::DispatchConfig;
 use isthmus_operator::controller::version::Backoff;
@@ -28,6 +32,7 @@ use isthmus_operator::plan::{
 };
 use isthmus_operator::telemetry::{self, HttpState, LogFormat};
 use isthmus_operator::uninstall::GatedPodsPolicy;
+use isthmus_operator::wait_for_links;
 use kube::runtime::events::{Recorder, Reporter};
 
 #[derive(Debug, Parser)]
@@ -110,6 +115,11 @@ struct Args {
     /// The ValidatingWebhookConfiguration whose `caBundle` the leader keeps; empty: none.
     #[arg(long, env = "ISTHMUS_WEBHOOK_CONFIGURATION", default_value = "")]
     webhook_configuration: String,
+    /// Port of the webhook's Service (the chart's: 443), which held pods connect to.
+    #[arg(long, env = "ISTHMUS_WEBHOOK_SERVICE_PORT", default_value_t = 443)]
+    webhook_service_port: u16,
+    #[command(flatten)]
+    hold: HoldFlags,
     /// Address of the plain HTTP listener: `/healthz`, `/readyz` and, with `--plain-metrics`, `/metrics`.
     #[arg(long, env = "ISTHMUS_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     metrics_addr: SocketAddr,
@@ -174,6 +184,9 @@ enum Command {
         #[arg(long, value_enum, default_value_t = GatedPodsPolicy::Refuse)]
         gated_pods: GatedPodsPolicy,
     },
+    /// Wait until this pod's links are applied: the first init container of a held pod, configured by the
+    /// environment the hold's webhook gives it. Exits non-zero at its timeout, naming it.
+    WaitForLinks,
 }
 
 /// What the operator's HTTPS listeners are started with.
@@ -200,12 +213,20 @@ fn service_name(flag: &str, value: &str) -> anyhow::Result<Option<ServiceDnsName
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     telemetry::init_logging(args.log_format);
-    if let Some(Command::Uninstall { timeout_seconds, gated_pods }) = args.command {
-        return uninstall(Duration::from_secs(timeout_seconds), gated_pods).await;
+    match args.command {
+        Some(Command::Uninstall { timeout_seconds, gated_pods }) => {
+            return uninstall(Duration::from_secs(timeout_seconds), gated_pods).await;
+        }
+        Some(Command::WaitForLinks) => {
+            let config = wait_for_links::WaitConfig::from_env(|name| std::env::var(name).ok())?;
+            return Ok(wait_for_links::run(config).await?);
+        }
+        None => {}
     }
 
     let config = args.controller_config()?;
     let pki_config = args.pki_config()?;
+    let hold = args.hold.hold(!args.webhook_dns_name.is_empty())?;
     // Service names are checked before anything is started, and once.
     let agent_shared_name = service_name("--agent-shared-dns-name", &args.agent_shared_dns_name)?;
     let metrics_dns_name = service_name("--metrics-dns-name", &args.metrics_dns_name)?;
@@ -227,7 +248,7 @@ async fn main() -> anyhow::Result<()> {
     );
     let serving =
         Serving { client: &client, pki: &pki, metrics: &metrics, leadership: &leadership, shutdown: &shutdown_rx };
-    let webhook = args.start_webhook(&serving).await?;
+    let webhook = args.start_webhook(&serving, hold).await?;
     let metrics_https = match &metrics_dns_name {
         Some(name) => Some(args.start_metrics_https(&serving, name).await?),
         None => {
@@ -343,17 +364,17 @@ impl Args {
     }
 
     /// A serving certificate for `dns_name` from the operator's CA, kept renewed until shutdown (and, with a
-    /// `configuration`, that webhook configuration's `caBundle`): the certificate a listener presents, and the
+    /// `configurations`, their `caBundle`): the certificate a listener presents, and the
     /// upkeep's task.
     fn serving_certificate(
         &self,
         cx: &Serving<'_>,
         dns_name: &str,
-        configuration: Option<String>,
+        configurations: Vec<WebhookConfiguration>,
     ) -> anyhow::Result<(Arc<ServingCertificate>, tokio::task::JoinHandle<()>)> {
         let config = ServingConfig {
             dns_name: dns_name.to_owned(),
-            configuration,
+            configurations,
             validity: Duration::from_secs(self.certificate_validity_hours * 3600),
         };
         let certificate = Arc::new(ServingCertificate::default());
@@ -369,16 +390,38 @@ impl Args {
         Ok((certificate, upkeep))
     }
 
-    /// The webhook's listener and its certificate's upkeep, when a DNS name is given.
-    async fn start_webhook(&self, cx: &Serving<'_>) -> anyhow::Result<Option<Listening>> {
+    /// The webhooks' listener and its certificate's upkeep, when a DNS name is given; with the hold's routes
+    /// when its image is.
+    async fn start_webhook(&self, cx: &Serving<'_>, hold: Option<Hold>) -> anyhow::Result<Option<Listening>> {
         if self.webhook_dns_name.is_empty() {
             tracing::info!("no --webhook-dns-name: the NetworkTopology admission webhook is not served");
             return Ok(None);
         }
-        let configuration = Some(self.webhook_configuration.clone()).filter(|c| !c.is_empty());
-        let (certificate, upkeep) = self.serving_certificate(cx, &self.webhook_dns_name, configuration)?;
+        let dns_name = service_name("--webhook-dns-name", &self.webhook_dns_name)?.expect("not empty");
+        let mut configurations = Vec::new();
+        if !self.webhook_configuration.is_empty() {
+            configurations.push(WebhookConfiguration::Validating(self.webhook_configuration.clone()));
+        }
+        let hold = hold.map(|hold| {
+            if let Some(name) = hold.configuration {
+                configurations.push(WebhookConfiguration::Mutating(name));
+            }
+            let pki = cx.pki.clone();
+            Arc::new(HoldServing::new(
+                HeldPods::watch(cx.client.clone(), cx.shutdown.clone()),
+                cx.client.clone(),
+                hold.image,
+                hold.image_pull_policy,
+                dns_name.clone(),
+                self.webhook_service_port,
+                Arc::new(move || pki.ca().bundle()),
+                hold.default_timeout,
+                hold.max_timeout,
+            ))
+        });
+        let (certificate, upkeep) = self.serving_certificate(cx, dns_name.as_str(), configurations)?;
         let (_, serving) =
-            admission::server::bind(self.webhook_addr, certificate, cx.metrics.clone(), cx.shutdown.clone())
+            admission::server::bind(self.webhook_addr, certificate, cx.metrics.clone(), hold, cx.shutdown.clone())
                 .await
                 .with_context(|| format!("binding --webhook-addr {}", self.webhook_addr))?;
         Ok(Some((tokio::spawn(serving), upkeep)))
@@ -386,7 +429,7 @@ impl Args {
 
     /// `/metrics` by token on its HTTPS listener, with a certificate for `name`, and the certificate's upkeep.
     async fn start_metrics_https(&self, cx: &Serving<'_>, name: &ServiceDnsName) -> anyhow::Result<Listening> {
-        let (certificate, upkeep) = self.serving_certificate(cx, name.as_str(), None)?;
+        let (certificate, upkeep) = self.serving_certificate(cx, name.as_str(), Vec::new())?;
         let auth = Arc::new(MetricsAuth::new(KubeReviewer::new(cx.client.clone()), DecisionCache::default()));
         let (bound, serving) =
             metrics_https::bind(self.metrics_secure_addr, certificate, cx.metrics.clone(), auth, cx.shutdown.clone())

@@ -67,6 +67,8 @@ serving certificate), and its ValidatingWebhookConfiguration (cluster-scoped: na
 {{/* The name of the operator's HTTPS metrics listener's certificate: its metrics Service's DNS name. */}}
 {{- define "isthmus.operator.metricsDnsName" -}}{{ include "isthmus.fullname" . }}-operator-metrics.{{ .Release.Namespace }}.svc{{- end -}}
 {{- define "isthmus.webhook.configuration" -}}{{ include "isthmus.fullname" . }}-networktopologies{{- end -}}
+{{/* The hold's MutatingWebhookConfiguration (cluster-scoped: named after the release). */}}
+{{- define "isthmus.hold.configuration" -}}{{ include "isthmus.fullname" . }}-hold{{- end -}}
 {{/* The signer of the agents' serving certificates (isthmus_agent_api::identity::AGENT_SIGNER_NAME). */}}
 {{- define "isthmus.signerName" -}}isthmus.dev/agent-serving{{- end -}}
 

@@ -54,6 +54,9 @@ def main():
     check(reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}], f"metrics-reader rules: {reader['rules']}")
     check(not [b for b in by_kind.get("ClusterRoleBinding", []) if b["roleRef"]["name"] == reader["metadata"]["name"]],
           "the chart binds the metrics-reader ClusterRole")
+    holds = by_kind.get("MutatingWebhookConfiguration", [])
+    if holds:
+        operator_rules[("admissionregistration.k8s.io", "mutatingwebhookconfigurations")] = ["get", "patch"]
     (cluster_role,) = [r for r in by_kind["ClusterRole"] if r["metadata"]["name"].endswith("-operator")]
     rendered = {}
     for rule in cluster_role["rules"]:
@@ -197,6 +200,38 @@ def main():
     check([c["expression"] for c in webhook["matchConditions"]] == ["request.operation == 'CREATE' || object.spec != oldObject.spec"],
           "webhook: only spec writes are sent (operator/tests/apiserver/topology_webhook.rs registers the same)")
     check(webhook["sideEffects"] == "None" and "caBundle" not in webhook["clientConfig"], "webhook: no side effects, caBundle left to the operator")
+
+    # The hold (operator.hold.enabled): only labelled pods outside the release's namespace reach it, through the same
+    # Service; the operator serves it with its own image and keeps the caBundle of exactly that configuration.
+    hold_env = sorted(k for k in openv if k.startswith("ISTHMUS_HOLD_"))
+    if not holds:
+        check(not hold_env, f"hold off: the operator is given no hold flag: {hold_env}")
+    else:
+        (hold_config,) = holds
+        (hold,) = hold_config["webhooks"]
+        check(hold["name"] == "hold.isthmus.dev", "hold: webhook name")
+        check(hold["clientConfig"]["service"] == {**service_ref, "path": "/mutate/pods"},
+              "hold: the NetworkTopology webhook's Service, path isthmus_operator::admission::HOLD_PATH")
+        check(hold["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"],
+                                 "scope": "Namespaced"}], "hold: pods, CREATE only")
+        check(hold["objectSelector"] == {"matchLabels": {"isthmus.dev/wait-for-links": "true"}},
+              "hold: only opted-in pods are sent (operator/tests/apiserver/hold_webhook.rs registers the same)")
+        check(hold["namespaceSelector"] == {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "NotIn",
+                                                                  "values": [ns]}]},
+              "hold: never the release's own namespace (the operator's pods must not wait on the operator)")
+        check(hold["failurePolicy"] == "Fail" and hold["reinvocationPolicy"] == "IfNeeded" and hold["sideEffects"] == "None"
+              and "caBundle" not in hold["clientConfig"], "hold: Fail, reinvoked, no side effects, caBundle left to the operator")
+        check(hold_env == ["ISTHMUS_HOLD_IMAGE", "ISTHMUS_HOLD_IMAGE_PULL_POLICY", "ISTHMUS_HOLD_MAX_TIMEOUT_SECONDS",
+                           "ISTHMUS_HOLD_TIMEOUT_SECONDS", "ISTHMUS_HOLD_WEBHOOK_CONFIGURATION"], f"hold: the operator's flags {hold_env}")
+        check(openv["ISTHMUS_HOLD_IMAGE"] == op["image"] and openv["ISTHMUS_HOLD_IMAGE_PULL_POLICY"] == op["imagePullPolicy"],
+              "hold: the init container runs the operator's own image, pulled as the operator's")
+        check(openv["ISTHMUS_HOLD_WEBHOOK_CONFIGURATION"] == hold_config["metadata"]["name"],
+              "hold: the operator keeps the rendered configuration's caBundle")
+        (hold_rule,) = [r for r in cluster_role["rules"] if "mutatingwebhookconfigurations" in r["resources"]]
+        check(hold_rule.get("resourceNames") == [hold_config["metadata"]["name"]],
+              "operator ClusterRole: get/patch only its own hold configuration")
+        check(1 <= int(openv["ISTHMUS_HOLD_TIMEOUT_SECONDS"]) <= int(openv["ISTHMUS_HOLD_MAX_TIMEOUT_SECONDS"]) <= 3600,
+              "hold: 1 <= timeoutSeconds <= maxTimeoutSeconds <= 3600 (the operator refuses to start otherwise)")
 
     # No rendered Secret holds a CA's private key (it would sit in every Helm release revision).
     for secret in by_kind.get("Secret", []):

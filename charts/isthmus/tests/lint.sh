@@ -81,6 +81,7 @@ variants=(
   "queue|isthmus|isthmus-system|--set agent.queue.bytesPerDestination=1073741824 --set agent.queue.bytesPerPod=4294967296 --set agent.queue.userspaceBytes=134217728"
   "tc|isthmus|isthmus-system|--set agent.datapath=tc"
   "tc-unverified|isthmus|isthmus-system|--set agent.datapath=tc --set verification.enabled=false"
+  "no-hold|isthmus|isthmus-system|--set operator.hold.enabled=false"
   "minimal|lab|lab|--set operator.leaderElection=false --set uninstall.enabled=false --set fullnameOverride=netlab --set-json imagePullSecrets=[{\"name\":\"regcred\"}]"
 )
 for v in "${variants[@]}"; do

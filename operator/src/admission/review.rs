@@ -34,18 +34,23 @@ impl prometheus_client::encoding::EncodeLabelValue for Verdict {
 /// The answer to an AdmissionReview body: always a review (an unreadable one is answered as invalid, which
 /// the API server reports as a refusal).
 pub fn answer(body: &[u8]) -> (AdmissionReview<DynamicObject>, Verdict) {
-    let request: AdmissionRequest<DynamicObject> =
-        match serde_json::from_slice::<AdmissionReview<DynamicObject>>(body).map(TryInto::try_into) {
-            Ok(Ok(request)) => request,
-            Ok(Err(e)) => return (AdmissionResponse::invalid(e).into_review(), Verdict::Unreadable),
-            Err(e) => {
-                let response = AdmissionResponse::invalid(format!("not an AdmissionReview: {e}"));
-                return (response.into_review(), Verdict::Unreadable);
-            }
-        };
+    let request = match request_of(body) {
+        Ok(request) => request,
+        Err(reason) => return (AdmissionResponse::invalid(reason).into_review(), Verdict::Unreadable),
+    };
     let response = decide(&request);
     let verdict = if response.allowed { Verdict::Admitted } else { Verdict::Refused };
     (response.into_review(), verdict)
+}
+
+/// The request of an AdmissionReview body, or why there is none (answered with [`AdmissionResponse::invalid`],
+/// which the API server reports as a refusal).
+pub fn request_of(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, String> {
+    match serde_json::from_slice::<AdmissionReview<DynamicObject>>(body).map(TryInto::try_into) {
+        Ok(Ok(request)) => Ok(request),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(e) => Err(format!("not an AdmissionReview: {e}")),
+    }
 }
 
 /// Admits `request` when its object, a NetworkTopology, expands; anything but a create or an update passes.

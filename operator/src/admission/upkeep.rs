@@ -2,14 +2,17 @@
 //! trust the API server puts in the webhook's. Every replica issues its own serving
 //! certificate from the operator's CA (the key never leaves memory) and renews it after two thirds of its
 //! life, or at once when its CA is retired; the leader writes the CA bundle (every CA trusted, retired ones
-//! included, so a certificate from any of them is accepted while they are) into the
-//! ValidatingWebhookConfiguration's `caBundle`, and writes it again whenever someone else changed it.
+//! included, so a certificate from any of them is accepted while they are) into the `caBundle` of the webhook
+//! configurations that call the listener (the NetworkTopology validation, the hold's pod mutation), and writes it
+//! again whenever someone else changed it.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration, WebhookClientConfig,
+};
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use rustls::sign::CertifiedKey;
@@ -30,11 +33,35 @@ const MANAGER: &str = "isthmus-operator";
 pub struct ServingConfig {
     /// The DNS name its callers use (`<service>.<namespace>.svc`): the serving certificate's name.
     pub dns_name: String,
-    /// The ValidatingWebhookConfiguration whose `caBundle` the leader keeps; None: someone else does, or
-    /// the callers are not the API server (the metrics listener's read the chart's CA bundle ConfigMap).
-    pub configuration: Option<String>,
+    /// The webhook configurations whose `caBundle` the leader keeps; none: the callers are not the API server
+    /// (the metrics listener's read the chart's CA bundle ConfigMap).
+    pub configurations: Vec<WebhookConfiguration>,
     /// Lifetime of the serving certificate.
     pub validity: Duration,
+}
+
+/// A webhook configuration the API server calls a listener by, named.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WebhookConfiguration {
+    Validating(String),
+    Mutating(String),
+}
+
+/// The webhooks of either kind of configuration, as far as their trust goes.
+trait Webhooks: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned {
+    fn client_configs(&self) -> Vec<(&str, &WebhookClientConfig)>;
+}
+
+impl Webhooks for ValidatingWebhookConfiguration {
+    fn client_configs(&self) -> Vec<(&str, &WebhookClientConfig)> {
+        self.webhooks.iter().flatten().map(|w| (w.name.as_str(), &w.client_config)).collect()
+    }
+}
+
+impl Webhooks for MutatingWebhookConfiguration {
+    fn client_configs(&self) -> Vec<(&str, &WebhookClientConfig)> {
+        self.webhooks.iter().flatten().map(|w| (w.name.as_str(), &w.client_config)).collect()
+    }
 }
 
 /// A serving certificate for `dns_name` from `ca`: its PEM, and the certificate and key as rustls presents them.
@@ -59,7 +86,8 @@ pub fn start(
     let (mut issued, key) = issue(&pki.ca(), &config.dns_name, config.validity)?;
     certificate.set(key);
     Ok(tokio::spawn(async move {
-        let configurations: Api<ValidatingWebhookConfiguration> = Api::all(client);
+        let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+        let mutating: Api<MutatingWebhookConfiguration> = Api::all(client);
         loop {
             let ca = pki.ca();
             let due = renewal_due(issued.as_bytes(), config.validity, OffsetDateTime::now_utc());
@@ -75,11 +103,16 @@ pub fn start(
                     }
                 }
             }
-            if *leader.borrow()
-                && let Some(name) = &config.configuration
-                && let Err(e) = publish_bundle(&configurations, name, &ca.bundle()).await
-            {
-                tracing::warn!(configuration = %name, error = %e, "writing the webhook's CA bundle failed; retrying");
+            let leading = *leader.borrow();
+            for configuration in config.configurations.iter().filter(|_| leading) {
+                let bundle = ca.bundle();
+                let (name, written) = match configuration {
+                    WebhookConfiguration::Validating(name) => (name, publish_bundle(&validating, name, &bundle).await),
+                    WebhookConfiguration::Mutating(name) => (name, publish_bundle(&mutating, name, &bundle).await),
+                };
+                if let Err(e) = written {
+                    tracing::warn!(configuration = %name, error = %e, "writing the webhook's CA bundle failed; retrying");
+                }
             }
             tokio::select! {
                 _ = tokio::time::sleep(CHECK) => {}
@@ -90,13 +123,9 @@ pub fn start(
 }
 
 /// Sets `caBundle` of every webhook of the configuration `name` to `bundle` where it differs.
-async fn publish_bundle(
-    api: &Api<ValidatingWebhookConfiguration>,
-    name: &str,
-    bundle: &str,
-) -> Result<(), kube::Error> {
+async fn publish_bundle<K: Webhooks>(api: &Api<K>, name: &str, bundle: &str) -> Result<(), kube::Error> {
     let Some(current) = api.get_opt(name).await? else {
-        tracing::warn!(configuration = %name, "the webhook's configuration does not exist: NetworkTopologies are not validated");
+        tracing::warn!(configuration = %name, "the webhook's configuration does not exist: its webhooks go uncalled");
         return Ok(());
     };
     let patch = bundle_patch(&current, bundle);
@@ -114,21 +143,20 @@ async fn publish_bundle(
 
 /// The strategic merge patch that sets every webhook's `caBundle` to `bundle` (webhooks merge on their name),
 /// None when each already has it.
-fn bundle_patch(current: &ValidatingWebhookConfiguration, bundle: &str) -> Option<serde_json::Value> {
+fn bundle_patch(current: &impl Webhooks, bundle: &str) -> Option<serde_json::Value> {
     let want = ByteString(bundle.as_bytes().to_vec());
     let stale: Vec<serde_json::Value> = current
-        .webhooks
-        .iter()
-        .flatten()
-        .filter(|w| w.client_config.ca_bundle.as_ref() != Some(&want))
-        .map(|w| serde_json::json!({"name": w.name, "clientConfig": {"caBundle": want}}))
+        .client_configs()
+        .into_iter()
+        .filter(|(_, c)| c.ca_bundle.as_ref() != Some(&want))
+        .map(|(name, _)| serde_json::json!({"name": name, "clientConfig": {"caBundle": want}}))
         .collect();
     (!stale.is_empty()).then(|| serde_json::json!({"webhooks": stale}))
 }
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::api::admissionregistration::v1::{ValidatingWebhook, WebhookClientConfig};
+    use k8s_openapi::api::admissionregistration::v1::{MutatingWebhook, ValidatingWebhook};
 
     use super::*;
 
@@ -158,6 +186,14 @@ mod tests {
                 {"name": "w1.isthmus.dev", "clientConfig": {"caBundle": "Y2E="}},
                 {"name": "w2.isthmus.dev", "clientConfig": {"caBundle": "Y2E="}},
             ]})
+        );
+        let mutating = MutatingWebhookConfiguration {
+            webhooks: Some(vec![MutatingWebhook { name: "hold.isthmus.dev".into(), ..Default::default() }]),
+            ..Default::default()
+        };
+        assert_eq!(
+            bundle_patch(&mutating, "ca"),
+            Some(serde_json::json!({"webhooks": [{"name": "hold.isthmus.dev", "clientConfig": {"caBundle": "Y2E="}}]}))
         );
     }
 }

@@ -24,6 +24,15 @@ impl ServiceDnsName {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The Service the name is of, (namespace, name), when it is `<service>.<namespace>.svc` exactly.
+    pub fn service(&self) -> Option<(&str, &str)> {
+        let mut labels = self.0.split('.');
+        match (labels.next(), labels.next(), labels.next(), labels.next()) {
+            (Some(name), Some(namespace), Some("svc"), None) => Some((namespace, name)),
+            _ => None,
+        }
+    }
 }
 
 impl std::fmt::Display for ServiceDnsName {
@@ -48,5 +57,15 @@ mod tests {
         let name = "isthmus-agent-metrics.isthmus-system.svc";
         assert_eq!(ServiceDnsName::new(name).unwrap().as_str(), name);
         assert_eq!(ServiceDnsName::new(name).unwrap().to_string(), name);
+    }
+
+    #[test]
+    fn the_service_is_read_from_its_name() {
+        let name = |n: &str| ServiceDnsName::new(n).unwrap().service().map(|(a, b)| (a.to_owned(), b.to_owned()));
+        assert_eq!(
+            name("isthmus-webhook.isthmus-system.svc"),
+            Some(("isthmus-system".into(), "isthmus-webhook".into()))
+        );
+        assert_eq!(name("a.b.c.svc"), None);
     }
 }

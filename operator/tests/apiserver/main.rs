@@ -11,6 +11,7 @@
 //! ```
 
 mod cases;
+mod hold_webhook;
 mod metrics_token;
 mod representable;
 mod schema_values;

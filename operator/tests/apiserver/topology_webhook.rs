@@ -68,7 +68,7 @@ impl Webhook {
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let metrics = Arc::new(Metrics::new());
         let (addr, serving) =
-            bind("127.0.0.1:0".parse().unwrap(), certificate, metrics.clone(), stopped).await.unwrap();
+            bind("127.0.0.1:0".parse().unwrap(), certificate, metrics.clone(), None, stopped).await.unwrap();
         tokio::spawn(serving);
         let name = format!("isthmus-it-{ns}");
         let api: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());

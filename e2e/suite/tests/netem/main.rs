@@ -45,6 +45,7 @@ const SCENARIOS: &[Scenario] = &[
     ("service_traffic", scenarios::latency::service_traffic),
     ("rescheduling", scenarios::lifecycle::rescheduling),
     ("impaired_while_pending", scenarios::first_packet::impaired_while_pending),
+    ("held_from_the_first_packet", scenarios::first_packet::held_from_the_first_packet),
     ("edit_and_delete", scenarios::lifecycle::edit_and_delete),
     ("duplicate_restriction_follows_the_kernel", scenarios::packets::duplicate_restriction_follows_the_kernel),
     ("measured_follows_the_link", scenarios::measured::measured_follows_the_link),

@@ -27,6 +27,9 @@ pub(crate) enum Prober {
     FirstContainer,
     /// An init container, which exits once done: the pod is `Pending` for the whole run. No readiness gate.
     Init,
+    /// As [`Prober::Init`], in a pod that opts into the hold (`isthmus.dev/wait-for-links`): the hold's own init
+    /// container runs before the prober, until the pod's links are applied.
+    HeldInit,
 }
 
 /// A Deployment whose pods probe `target_ip` from the moment they start: the prober sends `count` probes, 20 ms
@@ -34,7 +37,9 @@ pub(crate) enum Prober {
 pub(crate) fn probing_deployment(name: &str, node: &str, target_ip: &str, count: u32, prober: Prober) -> String {
     let image = probe_image();
     let restricted = "{allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: {drop: [ALL]}}";
-    let hold = if prober == Prober::FirstContainer { ", --hold" } else { "" };
+    // An init container's report is read after it ends; a long timeout keeps a probe that an emulated node starved of
+    // the host's CPU answers late from counting as lost (the held pod's first probe must be answered).
+    let hold = if prober == Prober::FirstContainer { ", --hold" } else { ", --timeout-ms, \"5000\"" };
     let probing = format!(
         r#"        - name: prober
           image: {image}
@@ -55,8 +60,11 @@ pub(crate) fn probing_deployment(name: &str, node: &str, target_ip: &str, count:
             "\n      readinessGates: [{conditionType: isthmus.dev/links-applied}]",
             format!("      containers:\n{probing}{serving}"),
         ),
-        Prober::Init => ("", format!("      initContainers:\n{probing}      containers:\n{serving}")),
+        Prober::Init | Prober::HeldInit => {
+            ("", format!("      initContainers:\n{probing}      containers:\n{serving}"))
+        }
     };
+    let held = if prober == Prober::HeldInit { ", isthmus.dev/wait-for-links: \"true\"" } else { "" };
     format!(
         r#"apiVersion: apps/v1
 kind: Deployment
@@ -65,7 +73,7 @@ spec:
   replicas: 1
   selector: {{matchLabels: {{app: {name}}}}}
   template:
-    metadata: {{labels: {{app: {name}}}}}
+    metadata: {{labels: {{app: {name}{held}}}}}
     spec:
       nodeName: {node}{gate}
       terminationGracePeriodSeconds: 1
