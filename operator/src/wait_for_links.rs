@@ -179,6 +179,7 @@ pub async fn run(config: WaitConfig) -> Result<(), WaitError> {
     let tls = tls_config(&config)?;
     let deadline = tokio::time::Instant::now() + config.timeout;
     let mut waiting = Waiting::default();
+    let mut connection = None;
     println!(
         "waiting for the links of pod {}/{} (uid {}) to be applied, at most {}s",
         config.namespace,
@@ -187,9 +188,12 @@ pub async fn run(config: WaitConfig) -> Result<(), WaitError> {
         config.timeout.as_secs()
     );
     loop {
-        let answer = match tokio::time::timeout(EXCHANGE_TIMEOUT, ask(&config, tls.clone())).await {
+        let answer = match tokio::time::timeout(EXCHANGE_TIMEOUT, ask(&config, &tls, &mut connection)).await {
             Ok(answer) => answer,
-            Err(_) => Answer::NoAnswer(format!("no reply within {}s", EXCHANGE_TIMEOUT.as_secs())),
+            Err(_) => {
+                connection = None;
+                Answer::NoAnswer(format!("no reply within {}s", EXCHANGE_TIMEOUT.as_secs()))
+            }
         };
         match waiting.step(answer) {
             Step::Done => {
@@ -226,9 +230,26 @@ fn tls_config(config: &WaitConfig) -> Result<Arc<rustls::ClientConfig>, WaitErro
     Ok(Arc::new(tls))
 }
 
-/// One exchange with the listener.
-async fn ask(config: &WaitConfig, tls: Arc<rustls::ClientConfig>) -> Answer {
-    match exchange(config, tls).await {
+/// The connection to the listener, kept between polls (the listener closes it after a minute; a new one is
+/// opened when it is gone), so that a held pod costs the operator one TLS handshake, not four a second.
+struct Connection {
+    sender: hyper::client::conn::http1::SendRequest<Empty<Bytes>>,
+    driver: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.driver.abort();
+    }
+}
+
+/// Asks the listener once, over `connection` when it is still open; a failed exchange drops it.
+async fn ask(config: &WaitConfig, tls: &Arc<rustls::ClientConfig>, connection: &mut Option<Connection>) -> Answer {
+    let result = exchange(config, tls, connection).await;
+    if result.is_err() {
+        *connection = None;
+    }
+    match result {
         Ok((StatusCode::OK, body)) => match serde_json::from_slice::<LinksApplied>(&body) {
             Ok(c) => Answer::Condition(c),
             Err(e) => Answer::NoAnswer(format!("an answer it cannot read: {e}")),
@@ -238,7 +259,7 @@ async fn ask(config: &WaitConfig, tls: Arc<rustls::ClientConfig>) -> Answer {
     }
 }
 
-async fn exchange(config: &WaitConfig, tls: Arc<rustls::ClientConfig>) -> Result<(StatusCode, Bytes), String> {
+async fn connect(config: &WaitConfig, tls: &Arc<rustls::ClientConfig>) -> Result<Connection, String> {
     let server_name =
         ServerName::try_from(config.host.clone()).map_err(|e| format!("{:?} is no DNS name: {e}", config.host))?;
     let tcp = match config.address {
@@ -246,29 +267,36 @@ async fn exchange(config: &WaitConfig, tls: Arc<rustls::ClientConfig>) -> Result
         None => tokio::net::TcpStream::connect((config.host.as_str(), config.port)).await,
     }
     .map_err(|e| format!("connecting: {e}"))?;
-    let stream =
-        tokio_rustls::TlsConnector::from(tls).connect(server_name, tcp).await.map_err(|e| format!("TLS: {e}"))?;
-    let (mut sender, connection) =
+    let stream = tokio_rustls::TlsConnector::from(tls.clone())
+        .connect(server_name, tcp)
+        .await
+        .map_err(|e| format!("TLS: {e}"))?;
+    let (sender, connection) =
         hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| format!("HTTP: {e}"))?;
-    let driver = tokio::spawn(connection);
+    let driver = tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(Connection { sender, driver })
+}
+
+async fn exchange(
+    config: &WaitConfig,
+    tls: &Arc<rustls::ClientConfig>,
+    connection: &mut Option<Connection>,
+) -> Result<(StatusCode, Bytes), String> {
+    if connection.as_ref().is_none_or(|c| c.sender.is_closed()) {
+        *connection = Some(connect(config, tls).await?);
+    }
+    let sender = &mut connection.as_mut().expect("connected above").sender;
+    sender.ready().await.map_err(|e| format!("HTTP: {e}"))?;
     let request = Request::get(config.path_and_query())
         .header(hyper::header::HOST, config.host.as_str())
         .body(Empty::<Bytes>::new())
         .map_err(|e| format!("the request: {e}"))?;
-    let response = sender.send_request(request).await.map_err(|e| format!("HTTP: {e}"));
-    let result = match response {
-        Ok(response) => {
-            let status = response.status();
-            Limited::new(response.into_body(), MAX_ANSWER)
-                .collect()
-                .await
-                .map(|b| (status, b.to_bytes()))
-                .map_err(|e| format!("reading the answer: {e}"))
-        }
-        Err(e) => Err(e),
-    };
-    driver.abort();
-    result
+    let response = sender.send_request(request).await.map_err(|e| format!("HTTP: {e}"))?;
+    let status = response.status();
+    let body = Limited::new(response.into_body(), MAX_ANSWER).collect().await;
+    body.map(|b| (status, b.to_bytes())).map_err(|e| format!("reading the answer: {e}"))
 }
 
 #[cfg(test)]

@@ -104,8 +104,8 @@ pub fn start(
                 }
             }
             let leading = *leader.borrow();
+            let bundle = ca.bundle();
             for configuration in config.configurations.iter().filter(|_| leading) {
-                let bundle = ca.bundle();
                 let (name, written) = match configuration {
                     WebhookConfiguration::Validating(name) => (name, publish_bundle(&validating, name, &bundle).await),
                     WebhookConfiguration::Mutating(name) => (name, publish_bundle(&mutating, name, &bundle).await),
