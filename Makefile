@@ -14,9 +14,9 @@ TEST_STAGES := unit operator-it chart-lint examples-validate images-test arm64-t
 test: ## the whole suite: unit and host-kernel tests, API-server tests, chart, stock-kernel rig, real cluster smoke, end-to-end on this kernel and on stock-kernel nodes; every stage runs, a table of results ends it
 	@e2e/run-stages $(TEST_STAGES)
 
-unit: ## cargo tests of every crate, then the agent's root-only netlink tests (ignored in a plain cargo test) as root, the test scripts' own tests (the workflows against the Makefile and .ci/run among them), and actionlint over the workflows
+unit: ## cargo tests of every crate, then the datapaths' root-only netlink tests (ignored in a plain cargo test) as root, the test scripts' own tests (the workflows against the Makefile and .ci/run among them), and actionlint over the workflows
 	cargo test --workspace --locked
-	cargo test -p isthmus-agent --lib --locked -- --ignored
+	cargo test -p isthmus-datapaths --lib --locked -- --ignored
 	@python3 -c 'import yaml' 2>/dev/null || python3 -m pip install -q pyyaml >&2 || \
 	  { echo "unit: PyYAML is missing and pip could not install it (apt-get install python3-yaml)" >&2; exit 1; }
 	python3 -m unittest discover -s e2e -p 'test_*.py'
@@ -75,7 +75,7 @@ release-dry-run: ## the release workflow's build steps, no push or signing: imag
 		$(or $(OWNER),$$(sed -n 's|^repository *= *"https://github.com/\([^/]*\)/.*|\1|p' Cargo.toml))
 
 # In `make test`: warm it costs the arm64 test build of what changed plus ~16 s of tests (commit b2aa7a9).
-arm64-test: ## the agent's and operator's unit tests built for arm64 (musl, static) and run under qemu-user; installs the cross toolchain and qemu-user-static
+arm64-test: ## the datapaths', agent's and operator's unit tests built for arm64 (musl, static) and run under qemu-user; installs the cross toolchain and qemu-user-static
 	e2e/images/arm64-test
 
 images-test: ## tests of the image pipeline (archive checks, determinism) on busybox-static; no release build

@@ -22,9 +22,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
-use isthmus_agent::datapath::{Datapath, DesiredState};
 use isthmus_agent_api::Impairment;
 use isthmus_agent_api::test_util::rate;
+use isthmus_datapaths::datapath::{Datapath, DesiredState};
 use support::Pair;
 
 fn destination(i: u32) -> Ipv4Addr {

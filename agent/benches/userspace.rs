@@ -22,12 +22,12 @@ use std::time::Duration;
 
 use echo::{ECHO_PORT, Echo, round_trips};
 use ipnet::IpNet;
-use isthmus_agent::datapath::QueueBudget;
-use isthmus_agent::netns::Netns;
-use isthmus_agent::userspace::capture::Capture;
-use isthmus_agent::userspace::pipeline::PodPipeline;
-use isthmus_agent::userspace::{PodPath, Shell};
 use isthmus_agent_api::{Impairment, ImpairmentFields};
+use isthmus_datapaths::datapath::QueueBudget;
+use isthmus_datapaths::netns::Netns;
+use isthmus_datapaths::userspace::capture::Capture;
+use isthmus_datapaths::userspace::pipeline::PodPipeline;
+use isthmus_datapaths::userspace::{PodPath, Shell};
 use support::{Pair, in_netns, net};
 
 const PROBES: u32 = 2000;
@@ -84,7 +84,7 @@ async fn one_run(i: usize) -> Run {
     let agent_ns = Netns::scratch().await.unwrap();
     let pod_ns = Netns::open(format!("/run/netns/{}", pair.a).as_ref()).unwrap();
     let capture = Capture::attach(&agent_ns, &pod_ns, "va", "u-bench").await.unwrap();
-    let shell = Shell::start(isthmus_agent::userspace::budget::DEFAULT_BYTES).unwrap();
+    let shell = Shell::start(isthmus_datapaths::userspace::budget::DEFAULT_BYTES).unwrap();
     let attach = async |destinations: &[(IpNet, Arc<Impairment>)]| {
         let bound = QueueBudget::default().bound(destinations.len());
         let pipeline = PodPipeline::new(destinations.iter().map(|(n, i)| (n, i.as_ref())), bound, 1, shell.now());

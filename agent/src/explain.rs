@@ -8,9 +8,9 @@ use std::sync::Arc;
 
 use isthmus_agent_api::explain::{ExplainReport, InstalledPath};
 
-use crate::datapath::{Datapath, DatapathError};
-use crate::netns::{Netns, PodIdentity, ResolveError, Resolver, Sources, inventory_many};
-use crate::userspace::capture::POD_END;
+use isthmus_datapaths::datapath::{Datapath, DatapathError};
+use isthmus_datapaths::netns::{Netns, PodIdentity, ResolveError, Resolver, Sources, inventory_many};
+use isthmus_datapaths::userspace::capture::POD_END;
 
 /// The pod and the address to explain (the subcommand's flags).
 #[derive(Debug, Clone, clap::Args)]

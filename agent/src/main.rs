@@ -16,15 +16,15 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use isthmus_agent::auth::{Callers, DEFAULT_OPERATOR_IDENTITY, Identity, IssuedCertificate, ReloadingTls, TlsSource};
 use isthmus_agent::ca_bundle::TrustedBundle;
-use isthmus_agent::datapath::QueueBudget;
-use isthmus_agent::datapath::queue::{DEFAULT_BYTES_PER_DESTINATION, DEFAULT_BYTES_PER_POD};
 use isthmus_agent::measure::{self, ProbeConfig};
 use isthmus_agent::metrics::Metrics;
-use isthmus_agent::netns::{Netns, Sources};
 use isthmus_agent::node::{self, DatapathChoice, Node, NodeConfig};
 use isthmus_agent::server::{self, Health, Limits, MetricsTlsListener, PlainListener, TlsListener};
 use isthmus_agent_api::metrics_auth::{DecisionCache, KubeReviewer, MetricsAuth};
 use isthmus_agent_api::tls::TlsFiles;
+use isthmus_datapaths::datapath::QueueBudget;
+use isthmus_datapaths::datapath::queue::{DEFAULT_BYTES_PER_DESTINATION, DEFAULT_BYTES_PER_POD};
+use isthmus_datapaths::netns::{Netns, Sources};
 
 #[derive(Debug, Parser)]
 #[command(name = "isthmus-agent", version, about = "isthmus node agent", args_conflicts_with_subcommands = true)]
@@ -299,7 +299,7 @@ async fn serve(args: ServeArgs, common: CommonArgs) -> anyhow::Result<()> {
     let queue_budget = QueueBudget::new(args.queue_bytes_per_destination, args.queue_bytes_per_pod)
         .context("--queue-bytes-per-destination / --queue-bytes-per-pod")?;
     let userspace_queue_bytes =
-        isthmus_agent::userspace::budget::resolve(args.userspace_queue_bytes, args.memory_limit)?;
+        isthmus_datapaths::userspace::budget::resolve(args.userspace_queue_bytes, args.memory_limit)?;
     // One client for the API server, made when something needs it (the CSR, the metrics listener's reviews).
     let mut kube_client: Option<kube::Client> = None;
     // With files, a broken set stops the agent at once; an issued certificate is waited for below.

@@ -20,7 +20,7 @@ use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-pub use self::probe::{DirectionLabel, ProbeLabels, ProbeMetrics};
+pub use self::probe::{DirectionLabel, ProbeLabels, ProbeMetrics, ProbePath};
 
 /// The source pod of link samples, shared by all its destinations.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -410,7 +410,7 @@ impl Metrics {
     }
 
     /// Brings the loop's loss counters up to its totals (they only grow while the agent runs).
-    pub fn set_loop_losses(&self, totals: &crate::userspace::ShellCounters) {
+    pub fn set_loop_losses(&self, totals: &isthmus_datapaths::userspace::ShellCounters) {
         self.userspace_queued_bytes.set(totals.queued_bytes as i64);
         let family = self.loop_losses.lock().unwrap_or_else(|p| p.into_inner());
         for (reason, total) in [

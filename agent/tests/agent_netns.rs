@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 use agent_common::{Ns, add_addr, ip, unique, veth};
-use isthmus_agent::netns::{PodIdentity, ResolveError, Resolver, Sources};
+use isthmus_datapaths::netns::{PodIdentity, ResolveError, Resolver, Sources};
 
 fn addr(s: &str) -> IpAddr {
     s.parse().unwrap()

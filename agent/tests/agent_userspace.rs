@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use agent_common::{Agent, AgentOptions, Fleet, Ns, TestCerts, add_addr, ip, veth};
 use echo::{ECHO_PORT, Echo, WAIT, median, round_trips};
-use isthmus_agent::userspace::routing;
 use isthmus_agent_api::test_util::{destination, link, pod};
 use isthmus_agent_api::{DatapathKind, Impairment, ImpairmentFields, NodePlan, PodOutcome};
+use isthmus_datapaths::userspace::routing;
 
 const NODE: &str = "node-userspace";
 

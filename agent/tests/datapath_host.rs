@@ -8,9 +8,9 @@ mod support;
 use std::net::IpAddr;
 
 use ipnet::IpNet;
-use isthmus_agent::datapath::{DatapathError, DesiredState, QueueBudget};
 use isthmus_agent_api::test_util::rate;
 use isthmus_agent_api::{Impairment, PodErrorKind};
+use isthmus_datapaths::datapath::{DatapathError, DesiredState, QueueBudget};
 use support::goodput::{TCP_PAYLOAD_SHARE, assert_rate_within};
 use support::{Pair, net, tc};
 
@@ -264,7 +264,7 @@ fn assert_runtime_threads_home(tids: &std::sync::Mutex<Vec<libc::pid_t>>) {
 #[test]
 fn the_probe_finds_this_kernels_qdiscs_in_a_scratch_namespace() {
     let (runtime, tids) = recorded_runtime();
-    let caps = runtime.block_on(isthmus_agent::datapath::probe());
+    let caps = runtime.block_on(isthmus_datapaths::datapath::probe());
     assert!(caps.htb && caps.tbf && caps.u32, "{caps:?}");
     assert!(!caps.kernel_release.is_empty());
     // The probe needs both netem and htb to test the duplicate restriction; without netem it reports none.

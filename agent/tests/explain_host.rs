@@ -8,11 +8,11 @@ mod support;
 use std::net::IpAddr;
 use std::path::PathBuf;
 
-use isthmus_agent::datapath::DesiredState;
 use isthmus_agent::explain::{ExplainRequest, explain};
-use isthmus_agent::netns::Sources;
 use isthmus_agent_api::explain::InstalledPath;
 use isthmus_agent_api::test_util::rate;
+use isthmus_datapaths::datapath::DesiredState;
+use isthmus_datapaths::netns::Sources;
 use support::{Pair, net, run};
 
 fn request(ip: IpAddr, destination: &str) -> ExplainRequest {

@@ -12,13 +12,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use echo::{ECHO_PORT, Echo, WAIT, median, pipelined_round_trips, round_trips};
-use isthmus_agent::datapath::QueueBudget;
-use isthmus_agent::netns::Netns;
-use isthmus_agent::userspace::capture::{Capture, POD_END};
-use isthmus_agent::userspace::pipeline::PodPipeline;
-use isthmus_agent::userspace::{PodPath, Shell, budget, shard};
 use isthmus_agent_api::test_util::rate;
 use isthmus_agent_api::{Correlated, Impairment, ImpairmentFields, Loss, Percent};
+use isthmus_datapaths::datapath::QueueBudget;
+use isthmus_datapaths::netns::Netns;
+use isthmus_datapaths::userspace::capture::{Capture, POD_END};
+use isthmus_datapaths::userspace::pipeline::PodPipeline;
+use isthmus_datapaths::userspace::{PodPath, Shell, budget, shard};
 use support::goodput::assert_rate_within;
 use support::{Pair, in_netns, net, run};
 
@@ -324,15 +324,15 @@ async fn an_ipv6_destination_is_delayed_too() {
 }
 
 /// The capture socket of `shard` on `vb` in namespace `ns`.
-fn shard_socket(ns: &str, shard: u32) -> isthmus_agent::userspace::sys::RxSocket {
+fn shard_socket(ns: &str, shard: u32) -> isthmus_datapaths::userspace::sys::RxSocket {
     in_netns(ns, || {
         let index = nix::net::if_::if_nametoindex("vb").unwrap();
-        isthmus_agent::userspace::sys::RxSocket::open(index, &shard::filter(shard)).unwrap()
+        isthmus_datapaths::userspace::sys::RxSocket::open(index, &shard::filter(shard)).unwrap()
     })
 }
 
 /// Everything waiting on `rx` now: the IPv4 packets' destinations, and how many others.
-fn drain(rx: &isthmus_agent::userspace::sys::RxSocket) -> (Vec<std::net::Ipv4Addr>, usize) {
+fn drain(rx: &isthmus_datapaths::userspace::sys::RxSocket) -> (Vec<std::net::Ipv4Addr>, usize) {
     let (mut v4, mut others, mut buf) = (Vec::new(), 0, vec![0u8; 2048]);
     while let Some(got) = rx.recv(&mut buf).unwrap() {
         if buf[0] >> 4 == 4 && got.len >= 20 {

@@ -19,19 +19,13 @@ mod sample;
 mod socket;
 mod window;
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
-use isthmus_agent_api::LinkRef;
-use isthmus_agent_api::measure::MeasuredState;
-use isthmus_agent_api::schedule::Timeline;
+use isthmus_datapaths::netns::Netns;
 
-pub use self::pacing::ProbePath;
-pub use self::sample::ProbeFilter;
 use crate::metrics::Metrics;
-use crate::netns::Netns;
-use crate::node::{Destination, Node};
+use crate::node::Node;
 
 /// The agent's `--verify`, `--probe-*` settings.
 #[derive(Debug, Clone)]
@@ -43,48 +37,6 @@ pub struct ProbeConfig {
     /// Where baseline probes are sent from: the agent's own namespace when `None` (a node's agent runs with the
     /// host's network); another one for simulated nodes sharing one kernel.
     pub baseline_netns: Option<Arc<Netns>>,
-}
-
-/// One source pod of the applied plan, as the prober needs it.
-#[derive(Debug, Clone)]
-pub struct ProbePod {
-    pub uid: String,
-    pub netns: Arc<Netns>,
-    pub destinations: Vec<Destination>,
-}
-
-/// What the prober works from: the pods whose plan applied, with the plan's filter and timelines. Replaced by
-/// every plan.
-#[derive(Debug, Clone, Default)]
-pub struct ProbeView {
-    pub version: u64,
-    pub pods: Vec<ProbePod>,
-    pub filter: ProbeFilter,
-    /// The link directions that change with time (their windows are cut at their phases).
-    pub timelines: BTreeMap<LinkRef, Arc<Timeline>>,
-}
-
-/// The node's last measurements, as `GET /v1/measured` serves them.
-#[derive(Debug)]
-pub struct Measurements {
-    state: RwLock<MeasuredState>,
-}
-
-impl Measurements {
-    pub fn new(node: &str, enabled: bool) -> Self {
-        Measurements { state: RwLock::new(MeasuredState { node: node.to_owned(), enabled, ..Default::default() }) }
-    }
-
-    /// The last measurements.
-    pub fn current(&self) -> MeasuredState {
-        self.state.read().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-
-    fn publish(&self, version: u64, links: Vec<isthmus_agent_api::measure::LinkMeasurement>) {
-        let mut state = self.state.write().unwrap_or_else(|p| p.into_inner());
-        state.version = version;
-        state.links = links;
-    }
 }
 
 /// Starts probing the node's applied plans, for as long as the node lives.

@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use isthmus_agent_api::{Impairment, Loss};
 
-use crate::emulator::random::Rng;
+use isthmus_datapaths::emulator::random::Rng;
+
+use crate::metrics::ProbePath;
 
 /// One send in this many is a baseline probe.
 pub const BASELINE_EVERY: u64 = 4;
@@ -21,15 +23,6 @@ pub const BASELINE_EVERY: u64 = 4;
 pub const MIN_TIMEOUT: Duration = Duration::from_secs(1);
 /// The longest: beyond it a probe is lost, whatever the link's latency.
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Which path a probe takes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum ProbePath {
-    /// From inside the source pod: through the link's impairment.
-    Impaired,
-    /// From the node's own namespace: the same destination without the impairment.
-    Baseline,
-}
 
 /// The next send: which pair (index into the sampled pairs), along which path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -11,14 +11,16 @@ use isthmus_agent_api::{LinkRef, unix_ms_now};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::pacing::{self, Pacer, ProbePath, Slot};
+use super::ProbeConfig;
+use super::pacing::{self, Pacer, Slot};
 use super::sample::{Pair, SourcePod, sample};
 use super::socket::{self, EchoReply, IcmpSocket};
 use super::window::{Probed, Windows};
-use super::{ProbeConfig, ProbeView};
 use crate::metrics::Metrics;
-use crate::netns::{Netns, NetnsId};
+use crate::metrics::ProbePath;
 use crate::node::Node;
+use crate::node::ProbeView;
+use isthmus_datapaths::netns::{Netns, NetnsId};
 
 /// The port TCP SYN probes go to. Whatever it is, the destination's kernel answers: a SYN-ACK where something
 /// listens, a reset where nothing does; either is a round trip. 9 is the discard service, which pods rarely run.

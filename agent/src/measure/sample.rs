@@ -12,26 +12,9 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use ipnet::IpNet;
-use isthmus_agent_api::{Direction, Impairment, LinkId, LinkRef};
+use isthmus_agent_api::{Direction, Impairment, LinkRef};
 
-use crate::node::Destination;
-
-/// What the plan says must not be probed.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct ProbeFilter {
-    pub unverified: Vec<LinkId>,
-    pub unprobed: Vec<IpNet>,
-}
-
-impl ProbeFilter {
-    fn skips_link(&self, link: &LinkRef) -> bool {
-        self.unverified.iter().any(|l| l.namespace == link.namespace && l.name == link.name)
-    }
-
-    fn skips_address(&self, ip: IpAddr) -> bool {
-        self.unprobed.iter().any(|net| net.contains(&ip))
-    }
-}
+use crate::node::{Destination, ProbeFilter};
 
 /// A source pod of the applied plan, as the sampler sees it.
 #[derive(Debug, Clone, Copy)]
@@ -122,6 +105,7 @@ fn pair_hash(uid: &str, ip: IpAddr, link: &LinkRef) -> u64 {
 mod tests {
     use std::collections::{BTreeSet, HashMap};
 
+    use isthmus_agent_api::LinkId;
     use isthmus_agent_api::test_util::rate;
     use proptest::prelude::*;
 

@@ -17,7 +17,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::netns::Netns;
+use isthmus_datapaths::netns::Netns;
 
 const ECHO_REQUEST_V4: u8 = 8;
 const ECHO_REPLY_V4: u8 = 0;

@@ -24,7 +24,8 @@ use isthmus_agent_api::LinkRef;
 use isthmus_agent_api::measure::{LinkMeasurement, ProbeKind, ProbeWindow, Unmeasurable, UnmeasurableReason};
 use isthmus_agent_api::schedule::{Position, Timeline};
 
-use super::pacing::{self, ProbePath};
+use super::pacing;
+use crate::metrics::ProbePath;
 
 /// How long after a change of phase a scheduled link's probes count again, and how long (plus the phase's one-way
 /// latency out, after which a probe would meet the next phase on its way back) before the next change they stop:

@@ -13,7 +13,14 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use std::fmt::Write as _;
 
-use crate::measure::ProbePath;
+/// Which path a probe takes: the prober's choice, and a label of its series.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ProbePath {
+    /// From inside the source pod: through the link's impairment.
+    Impaired,
+    /// From the node's own namespace: the same destination without the impairment.
+    Baseline,
+}
 
 /// `direction` as a label value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use futures::StreamExt;
 
 use super::state::AdoptedEntry;
-use crate::datapath::Datapath;
-use crate::netns::{self, NetnsId, Sources};
+use isthmus_datapaths::datapath::Datapath;
+use isthmus_datapaths::netns::{self, NetnsId, Sources};
 
 /// Every (namespace, interface) holding an isthmus tree, except in `skip` (the agent's own namespace).
 pub(super) async fn find_installed(

@@ -4,20 +4,20 @@
 use std::sync::Arc;
 
 use super::adopt::find_installed;
-use super::trees::{Removal, Trees};
+use super::datapath::{NodeDatapath, Removal};
 use crate::metrics::Metrics;
-use crate::netns::Sources;
+use isthmus_datapaths::netns::Sources;
 
 /// Removes every isthmus tree on the node. Returns how many trees were removed; trees that could not be
 /// removed are reported as errors.
 pub async fn cleanup(sources: &Sources, parallelism: usize) -> std::io::Result<(usize, Vec<String>)> {
     let installed = find_installed(sources, None, parallelism).await?;
     // The cleanup mode serves no metrics: what it counts goes with it.
-    let trees = Trees::new(Arc::new(Metrics::new()), parallelism, None);
+    let datapath = NodeDatapath::new(Arc::new(Metrics::new()), parallelism, None);
     let removals = installed.into_iter().map(|e| Removal::unowned(e.netns, e.interface)).collect();
     let mut removed = 0;
     let mut errors = Vec::new();
-    for (removal, outcome) in trees.remove(removals).await {
+    for (removal, outcome) in datapath.remove(removals).await {
         let (netns, interface) = (removal.netns.id(), &removal.interface);
         match outcome {
             Ok(()) => {

@@ -3,9 +3,11 @@
 //! mode. [`Node`] is the facade the server calls; each job is a module of its own:
 //! - `plan`: the plan's JSON, decoded pod by pod;
 //! - `apply`: one plan, step by step;
-//! - `trees`: the one way to open, reconcile, observe and remove a tree;
+//! - `datapath`: the node's one datapath, tc trees or the userspace loop, and the one way to open, reconcile,
+//!   observe and remove a pod's tree or emulation on it ([`PodDatapathError`] covers both);
 //! - `resync`, `observe`, `adopt` (trees found at start-up), `cleanup` (the uninstall mode): the other jobs;
-//! - `state`: what is installed, as the jobs share it.
+//! - `state`: what is installed, as the jobs share it; `probe_view`: what the prober (`crate::measure`) reads
+//!   of it, and where it publishes its measurements.
 //!
 //! Rules:
 //! - Plans are versioned. An older version than the one in force is answered as stale and nothing is done; the
@@ -18,7 +20,7 @@
 //!   for adopted trees the plan does not claim.
 //! - A pod whose plan is invalid keeps what is installed for it: the error is reported, nothing is changed.
 //! - The apply runs on its own task, so a caller that disconnects does not cut it off half-way.
-//! - Each pod keeps one [`Datapath`](crate::datapath::Datapath) (one netlink connection in its namespace)
+//! - Each pod keeps one [`Datapath`](isthmus_datapaths::datapath::Datapath) (one netlink connection in its namespace)
 //!   across plans, dropped when the pod leaves the plan or its sandbox (namespace) changes. Plans go through
 //!   `Datapath::update`: against the record of what was last installed, so an unchanged plan sends nothing and
 //!   needs no dump, and a changed one sends only the difference. Without a record — a new connection (new pod,
@@ -35,13 +37,14 @@
 mod adopt;
 mod apply;
 mod cleanup;
+mod datapath;
 mod observe;
 mod phases;
 mod plan;
+mod probe_view;
 mod resync;
 mod state;
 mod timing;
-mod trees;
 
 use std::future::Future;
 use std::sync::{Arc, Mutex as StdMutex, RwLock};
@@ -50,13 +53,14 @@ use isthmus_agent_api::{ApplyReply, Capabilities, DatapathKind, ObservedState};
 
 pub use self::apply::ApplyError;
 pub use self::cleanup::cleanup;
-pub use self::plan::{Destination, PlanPod, RawNodePlan};
+use self::datapath::NodeDatapath;
+pub use self::datapath::PodDatapathError;
+pub use self::plan::{Destination, PlanPod, ProbeFilter, RawNodePlan};
+pub use self::probe_view::{Measurements, ProbePod, ProbeView};
 use self::state::{Applied, Snapshot};
-use self::trees::Trees;
-use crate::datapath::QueueBudget;
-use crate::measure::{Measurements, ProbeView};
 use crate::metrics::Metrics;
-use crate::netns::{Resolver, Sources};
+use isthmus_datapaths::datapath::QueueBudget;
+use isthmus_datapaths::netns::{Resolver, Sources};
 
 /// Settings of a node.
 #[derive(Debug, Clone)]
@@ -65,10 +69,10 @@ pub struct NodeConfig {
     pub sources: Sources,
     /// Pods reconciled at once.
     pub parallelism: usize,
-    /// What each pod's queues may hold (`crate::datapath::queue`).
+    /// What each pod's queues may hold (`isthmus_datapaths::datapath::queue`).
     pub queue_budget: QueueBudget,
     /// What the userspace datapath's queues may hold on the node, every pod's together
-    /// (`crate::userspace::budget`).
+    /// (`isthmus_datapaths::userspace::budget`).
     pub userspace_queue_bytes: u64,
     pub datapath: DatapathChoice,
     /// Whether the applied plans' links are probed (`--verify`); off, the node keeps no view for a prober.
@@ -99,7 +103,7 @@ pub struct Node {
     config: NodeConfig,
     capabilities: Capabilities,
     resolver: Arc<StdMutex<Resolver>>,
-    trees: Trees,
+    datapath: NodeDatapath,
     applied: tokio::sync::Mutex<Applied>,
     snapshot: RwLock<Arc<Snapshot>>,
     metrics: Arc<Metrics>,
@@ -119,7 +123,7 @@ impl Node {
     /// Probes the kernel and adopts the isthmus trees already installed in the node's namespaces (without
     /// changing them).
     pub async fn start(config: NodeConfig, metrics: Arc<Metrics>) -> std::io::Result<Arc<Self>> {
-        let mut capabilities = crate::datapath::probe().await;
+        let mut capabilities = isthmus_datapaths::datapath::probe().await;
         capabilities.datapath = config.datapath.resolve(capabilities.netem);
         tracing::info!(?capabilities, "kernel capabilities probed");
         let label = match capabilities.datapath {
@@ -129,7 +133,9 @@ impl Node {
         metrics.datapath.get_or_create(&crate::metrics::DatapathLabels { datapath: label.into() }).set(1);
         let userspace = match capabilities.datapath {
             DatapathKind::Tc => None,
-            DatapathKind::Userspace => Some(crate::userspace::Userspace::start(config.userspace_queue_bytes).await?),
+            DatapathKind::Userspace => {
+                Some(isthmus_datapaths::userspace::Userspace::start(config.userspace_queue_bytes).await?)
+            }
         };
         if userspace.is_some() {
             metrics.userspace_loop_running.set(1);
@@ -143,7 +149,7 @@ impl Node {
         release_freed_memory();
         let snapshot = Snapshot { version: 0, pods: Vec::new(), adopted: adopted.clone(), probe: None };
         Ok(Arc::new(Self {
-            trees: Trees::new(metrics.clone(), config.parallelism, userspace),
+            datapath: NodeDatapath::new(metrics.clone(), config.parallelism, userspace),
             config,
             capabilities,
             resolver: Arc::new(StdMutex::new(resolver)),
@@ -212,7 +218,7 @@ impl Node {
 
     /// Watches the userspace datapath's loop every `interval` for as long as the node lives. Once it has stopped
     /// (by a bug: a panic, or a failed poll), nothing reads the captures and every captured packet is lost while
-    /// the pods' links read Applied: the watch fails open at once ([`crate::userspace::Userspace::fail_open`]),
+    /// the pods' links read Applied: the watch fails open at once ([`isthmus_datapaths::userspace::Userspace::fail_open`]),
     /// sets `isthmus_agent_userspace_loop_running` to 0 and calls `stopped` with why (the agent then fails its
     /// liveness probe, so that the kubelet restarts it with a new loop); pods applied since fail with
     /// `DatapathStopped`. `None` with the tc datapath: nothing to watch.
@@ -221,7 +227,7 @@ impl Node {
         interval: std::time::Duration,
         stopped: impl FnOnce(String) + Send + 'static,
     ) -> Option<tokio::task::JoinHandle<()>> {
-        let userspace = self.trees.userspace()?.clone();
+        let userspace = self.datapath.userspace()?.clone();
         let metrics = self.metrics.clone();
         Some(tokio::spawn(async move {
             let mut ticks = tokio::time::interval(interval);

@@ -23,7 +23,7 @@ impl Node {
             .await;
         let mut adopted = Vec::new();
         for entry in &snapshot.adopted {
-            let counters = self.trees.counters(None, &entry.netns, &entry.interface).await;
+            let counters = self.datapath.counters(None, &entry.netns, &entry.interface).await;
             adopted.push(AdoptedTree {
                 netns_inode: entry.netns.id().inode,
                 interface: entry.interface.clone(),
@@ -51,7 +51,7 @@ impl Node {
 
     /// One pod's destinations with their counters, and the samples of those a link asked for.
     async fn observe_pod(&self, uid: &str, pod: &Arc<InstalledPod>) -> (ObservedPod, Vec<LinkSample>) {
-        let counters = self.trees.counters(Some(&pod.datapath), &pod.netns, &pod.interface).await;
+        let counters = self.datapath.counters(Some(&pod.datapath), &pod.netns, &pod.interface).await;
         let mut destinations = Vec::with_capacity(counters.len());
         let mut samples = Vec::with_capacity(counters.len());
         for (destination, counters) in counters {

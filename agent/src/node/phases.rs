@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 
 use super::Node;
+use super::datapath::ReconcilePath;
 use super::state::InstalledPod;
-use super::trees::ReconcilePath;
 use isthmus_agent_api::unix_ms_now;
 
 impl Node {
@@ -58,9 +58,9 @@ impl Node {
             .map(|pod| async move {
                 let outcome = match pod.desired(self.config.queue_budget, timelines, now_ms) {
                     Ok(desired) => {
-                        self.trees.reconcile(&pod.datapath, &pod.interface, &desired, ReconcilePath::Record).await
+                        self.datapath.reconcile(&pod.datapath, &pod.interface, &desired, ReconcilePath::Record).await
                     }
-                    Err(e) => Err(e),
+                    Err(e) => Err(e.into()),
                 };
                 match outcome {
                     Ok(mutations) => mutations as u64,

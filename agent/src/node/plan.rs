@@ -4,6 +4,7 @@
 
 use std::collections::HashSet;
 use std::hash::Hash;
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use ipnet::IpNet;
@@ -12,7 +13,23 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::timing::Timelines;
-use crate::measure::ProbeFilter;
+
+/// What the plan says must not be probed.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ProbeFilter {
+    pub unverified: Vec<LinkId>,
+    pub unprobed: Vec<IpNet>,
+}
+
+impl ProbeFilter {
+    pub(crate) fn skips_link(&self, link: &LinkRef) -> bool {
+        self.unverified.iter().any(|l| l.namespace == link.namespace && l.name == link.name)
+    }
+
+    pub(crate) fn skips_address(&self, ip: IpAddr) -> bool {
+        self.unprobed.iter().any(|net| net.contains(&ip))
+    }
+}
 
 /// A plan whose pods are parsed one by one, so that one malformed pod does not reject the whole plan.
 #[derive(Debug)]

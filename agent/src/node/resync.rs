@@ -6,10 +6,9 @@ use std::time::Instant;
 
 use futures::StreamExt;
 
+use super::datapath::{PodDatapathError, ReconcilePath};
 use super::state::InstalledPod;
-use super::trees::ReconcilePath;
 use super::{Node, release_freed_memory};
-use crate::datapath::DatapathError;
 use isthmus_agent_api::unix_ms_now;
 
 impl Node {
@@ -18,13 +17,13 @@ impl Node {
         let started = Instant::now();
         let pods: Vec<Arc<InstalledPod>> = applied.pods.values().cloned().collect();
         let (timelines, now_ms) = (&applied.timelines, unix_ms_now());
-        let outcomes: Vec<(Arc<InstalledPod>, Result<usize, DatapathError>)> = futures::stream::iter(pods)
+        let outcomes: Vec<(Arc<InstalledPod>, Result<usize, PodDatapathError>)> = futures::stream::iter(pods)
             .map(|pod| async move {
                 let outcome = match pod.desired(self.config.queue_budget, timelines, now_ms) {
                     Ok(desired) => {
-                        self.trees.reconcile(&pod.datapath, &pod.interface, &desired, ReconcilePath::Full).await
+                        self.datapath.reconcile(&pod.datapath, &pod.interface, &desired, ReconcilePath::Full).await
                     }
-                    Err(e) => Err(e),
+                    Err(e) => Err(e.into()),
                 };
                 (pod, outcome)
             })
@@ -42,7 +41,7 @@ impl Node {
 }
 
 /// The mutations that repaired one pod's tree, logged with the pod.
-fn repaired(pod: &InstalledPod, outcome: &Result<usize, DatapathError>) -> u64 {
+fn repaired(pod: &InstalledPod, outcome: &Result<usize, PodDatapathError>) -> u64 {
     let name = format!("{}/{}", pod.pod.namespace, pod.pod.name);
     match outcome {
         Ok(0) => 0,

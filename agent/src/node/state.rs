@@ -7,13 +7,14 @@ use std::sync::Arc;
 use ipnet::IpNet;
 use isthmus_agent_api::{LeftoverTree, LinkRef, PodResult};
 
+use super::datapath::{PodDatapath, Removal};
 use super::plan::Destination;
+use super::plan::ProbeFilter;
+use super::probe_view::ProbeView;
 use super::timing::Timelines;
-use super::trees::{PodDatapath, Removal};
-use crate::datapath::{DatapathError, DesiredState, QueueBudget};
-use crate::measure::{ProbeFilter, ProbeView};
 use crate::metrics::PodName;
-use crate::netns::Netns;
+use isthmus_datapaths::datapath::{DatapathError, DesiredState, QueueBudget};
+use isthmus_datapaths::netns::Netns;
 
 /// One pod's tree as installed by the plan in force, with the connection that installed it.
 pub(super) struct InstalledPod {
@@ -77,7 +78,7 @@ pub(super) struct Applied {
     pub version: Option<u64>,
     pub pods: HashMap<String, Arc<InstalledPod>>,
     pub adopted: Vec<AdoptedEntry>,
-    /// Trees that could not be removed: tried again with the next plan, reported until they go.
+    /// NodeDatapath that could not be removed: tried again with the next plan, reported until they go.
     pub leftovers: Vec<Leftover>,
     pub last_results: Vec<PodResult>,
     /// What the prober must leave alone, from the plan in force.

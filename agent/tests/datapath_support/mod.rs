@@ -12,7 +12,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
-use isthmus_agent::datapath::Datapath;
+use isthmus_datapaths::datapath::Datapath;
 
 #[path = "../goodput/mod.rs"]
 pub mod goodput;

@@ -146,7 +146,7 @@ impl Datapath {
     }
 }
 
-/// The userspace datapath's routing table in a pod's namespace (agent/src/userspace/routing.rs).
+/// The userspace datapath's routing table in a pod's namespace (agent/datapaths/src/userspace/routing.rs).
 const CAPTURE_TABLE: &str = "26995";
 const CAPTURE_DEVICE: &str = "isth-u0";
 

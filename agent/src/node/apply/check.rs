@@ -9,11 +9,11 @@ use isthmus_agent_api::{
 };
 
 use super::PodJob;
-use crate::datapath::units::queue_cap;
-use crate::datapath::{QueueBound, QueueBudget, check_representable};
 use crate::node::plan::{Destination, PlanPod};
 use crate::node::state::desired_state;
 use crate::node::timing::Timelines;
+use isthmus_datapaths::datapath::units::queue_cap;
+use isthmus_datapaths::datapath::{QueueBound, QueueBudget, check_representable};
 
 /// The pods of one plan as the apply goes: a result per entry of the plan (`None` while the pod is worked on),
 /// the pods still to reconcile, and the pods whose installed tree stays as it is.

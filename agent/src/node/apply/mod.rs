@@ -14,15 +14,15 @@ use isthmus_agent_api::{
 };
 
 use self::check::{Progress, applied_pod, failed_pod};
+use super::datapath::{PodDatapath, PodDatapathError, ReconcilePath, Removal};
 use super::plan::{Destination, RawNodePlan};
 use super::state::{Applied, InstalledPod, Leftover, Snapshot};
-use super::trees::{PodDatapath, ReconcilePath, Removal};
 use super::{Node, release_freed_memory};
-use crate::datapath::{DatapathError, DesiredState};
-use crate::measure::{ProbePod, ProbeView};
 use crate::metrics::PodName;
-use crate::netns::{Netns, NetnsId, PodIdentity, ResolveError};
+use crate::node::{ProbePod, ProbeView};
 use isthmus_agent_api::unix_ms_now;
+use isthmus_datapaths::datapath::{DatapathError, DesiredState};
+use isthmus_datapaths::netns::{Netns, NetnsId, PodIdentity, ResolveError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApplyError {
@@ -82,7 +82,7 @@ struct Reconciled {
     job: PodJob,
     netns: Arc<Netns>,
     datapath: Option<Arc<PodDatapath>>,
-    outcome: Result<usize, DatapathError>,
+    outcome: Result<usize, PodDatapathError>,
 }
 
 impl Node {
@@ -154,12 +154,12 @@ impl Node {
             .map(|Found { job, netns, kept }| async move {
                 let datapath = match kept {
                     Some(datapath) => Ok(datapath),
-                    None => self.trees.open(&netns).await.map(Arc::new),
+                    None => self.datapath.open(&netns).await.map(Arc::new),
                 };
                 let (datapath, outcome) = match datapath {
                     Ok(datapath) => {
                         let path = ReconcilePath::Record;
-                        let outcome = self.trees.reconcile(&datapath, &job.pod.interface, &job.desired, path).await;
+                        let outcome = self.datapath.reconcile(&datapath, &job.pod.interface, &job.desired, path).await;
                         (Some(datapath), outcome)
                     }
                     Err(e) => (None, Err(e)),
@@ -215,7 +215,7 @@ impl Node {
     /// interface) leave nothing of ours behind.
     async fn datapath_after_failure(
         &self,
-        error: &DatapathError,
+        error: &PodDatapathError,
         failed_on: Option<Arc<PodDatapath>>,
         applied: &Applied,
         uid: &str,
@@ -226,7 +226,7 @@ impl Node {
         }
         match failed_on.or_else(|| applied.kept_datapath(uid, netns)) {
             Some(datapath) => Some(datapath),
-            None => self.trees.open(netns).await.ok().map(Arc::new),
+            None => self.datapath.open(netns).await.ok().map(Arc::new),
         }
     }
 
@@ -274,14 +274,14 @@ impl Node {
         let removals = removals.into_iter().filter(|r| live.contains(&r.netns.id())).collect();
         let mut removed = 0;
         let mut leftovers = Vec::new();
-        for (removal, outcome) in self.trees.remove(removals).await {
+        for (removal, outcome) in self.datapath.remove(removals).await {
             let (netns, interface) = (removal.netns.id(), removal.interface.clone());
             match outcome {
                 Ok(()) => {
                     tracing::info!(%netns, %interface, "removed an isthmus tree the plan no longer wants");
                     removed += 1;
                 }
-                Err(DatapathError::InterfaceNotFound { .. }) => {
+                Err(PodDatapathError::Tc(DatapathError::InterfaceNotFound { .. })) => {
                     tracing::info!(%netns, %interface, "the interface of an isthmus tree is gone, and the tree with it");
                 }
                 Err(e) => {

@@ -1,5 +1,5 @@
-//! The datapath a test drives, either of the agent's two: the tc tree (`isthmus_agent::datapath`, netem under
-//! HTB) or the userspace datapath (`isthmus_agent::userspace`, a capture and the agent's loop). The fidelity
+//! The datapath a test drives, either of the agent's two: the tc tree (`isthmus_datapaths::datapath`, netem under
+//! HTB) or the userspace datapath (`isthmus_datapaths::userspace`, a capture and the agent's loop). The fidelity
 //! tests run once through each with the same traffic and the same tolerances, which is the parity table of
 //! e2e/kernel/README.md.
 
@@ -7,11 +7,11 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use ipnet::IpNet;
-use isthmus_agent::datapath::{Datapath, DesiredState, QueueBudget};
-use isthmus_agent::netns::Netns as AgentNetns;
-use isthmus_agent::userspace::capture::POD_END;
-use isthmus_agent::userspace::{PodEmulation, Userspace};
 use isthmus_agent_api::Counters;
+use isthmus_datapaths::datapath::{Datapath, DesiredState, QueueBudget};
+use isthmus_datapaths::netns::Netns as AgentNetns;
+use isthmus_datapaths::userspace::capture::POD_END;
+use isthmus_datapaths::userspace::{PodEmulation, Userspace};
 
 use crate::harness::{Ctx, Via};
 use crate::netns::{Link, SOURCE_IF};
@@ -79,7 +79,7 @@ impl Emulation {
             Via::Userspace => {
                 let userspace = ctx
                     .runtime
-                    .block_on(Userspace::start(isthmus_agent::userspace::budget::DEFAULT_BYTES))
+                    .block_on(Userspace::start(isthmus_datapaths::userspace::budget::DEFAULT_BYTES))
                     .context("starting the userspace loop")?;
                 let pod_ns = AgentNetns::open(format!("/run/netns/{}", link.a.name).as_ref())?;
                 Emulation::Userspace { pod: userspace.open(Arc::new(pod_ns)), _userspace: userspace }

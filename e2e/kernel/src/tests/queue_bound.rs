@@ -1,17 +1,17 @@
 //! Kernel memory under a flood: every queue the datapath installs is held to the agent's byte budgets, however
-//! long the link and whatever `queueLimit` asks for (`isthmus_agent::datapath::queue`).
+//! long the link and whatever `queueLimit` asks for (`isthmus_datapaths::datapath::queue`).
 
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, ensure};
 use ipnet::IpNet;
-use isthmus_agent::datapath::netlink::psched::tbf_burst_for_ticks;
-use isthmus_agent::datapath::queue::MIN_BYTES_PER_POD;
-use isthmus_agent::datapath::tree::segmenting_tbf;
-use isthmus_agent::datapath::units::{FRAME_BYTES, queue_cap};
-use isthmus_agent::datapath::{DesiredState, QueueBudget};
 use isthmus_agent_api::{Impairment, ImpairmentFields, MAX_QUEUE_LIMIT_PACKETS};
+use isthmus_datapaths::datapath::psched::tbf_burst_for_ticks;
+use isthmus_datapaths::datapath::queue::MIN_BYTES_PER_POD;
+use isthmus_datapaths::datapath::tree::segmenting_tbf;
+use isthmus_datapaths::datapath::units::{FRAME_BYTES, queue_cap};
+use isthmus_datapaths::datapath::{DesiredState, QueueBudget};
 
 use super::emulator::Emulation;
 use crate::harness::{Ctx, Outcome, Test, Via};

@@ -7,8 +7,8 @@
 use std::time::Duration;
 
 use anyhow::ensure;
-use isthmus_agent::datapath::units::burst_bytes;
 use isthmus_agent_api::ImpairmentFields;
+use isthmus_datapaths::datapath::units::burst_bytes;
 
 use super::datapath::{desired, install, spec, warm_up};
 use crate::harness::{Ctx, Outcome, Test};

@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use anyhow::{Context, ensure};
 use ipnet::IpNet;
-use isthmus_agent::datapath::{Datapath, DesiredState, probe};
 use isthmus_agent_api::{Correlated, Impairment, ImpairmentFields, Percent};
+use isthmus_datapaths::datapath::{Datapath, DesiredState, probe};
 
 use super::expect;
-use isthmus_agent::userspace::capture::POD_END;
+use isthmus_datapaths::userspace::capture::POD_END;
 
 use super::emulator::{Changes, Emulation};
 use crate::harness::{Backend, Ctx, Outcome, Run, Test, Via};

@@ -7,6 +7,7 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::datapath::model::*;
+use crate::datapath::psched;
 
 /// Serializes, re-parses with netlink-packet-route and decodes: the same path a dump reply takes.
 pub(super) fn wire_round_trip(operation: &Operation) -> (u16, u16, TcObject) {

@@ -13,7 +13,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use super::budget::{self, NodeBudget};
 use crate::datapath::QueueBound;
-use crate::emulator::{Emulator, Packet, Verdict};
+use crate::emulator::{Emulator, Packet, PushOutcome};
 
 /// The Ethernet header the pod's interface puts before each packet. The kernel's qdiscs count it in a packet's
 /// length (rates, queue bytes, netem's choice of the byte to corrupt); the emulator does the same, so both
@@ -90,7 +90,7 @@ impl Packet for Frame {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Pushed {
     /// To a destination's emulator, with its verdict.
-    Emulated(Verdict),
+    Emulated(PushOutcome),
     /// No destination holds its address (a route the capture has not yet withdrawn): it goes on unchanged.
     PassThrough(Frame),
     /// For a destination, but the node's queues hold their budget: dropped, and counted by the budget.

@@ -8,7 +8,7 @@ use std::time::Duration;
 use isthmus_agent_api::{Correlated, Impairment, ImpairmentError, ImpairmentFields, Loss, Percent, Reorder};
 
 use super::model::*;
-use super::netlink::psched::{self, PSCHED_SHIFT};
+use super::psched::{self, PSCHED_SHIFT};
 pub use super::queue::FRAME_BYTES;
 use super::queue::QueueBound;
 

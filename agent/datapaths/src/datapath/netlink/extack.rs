@@ -4,8 +4,8 @@
 //! was not echoed in full (`NLM_F_CAPPED`) right after the header, otherwise after the echoed request — the
 //! extack TLVs (`NLM_F_ACK_TLVS`). netlink-packet-core 0.9's `ErrorMessage` keeps everything after `error` in
 //! `header` without looking at it, and `ErrorMessage` alone does not say whether the echo was capped.
-//! [`enable_extended_ack`] sets `NETLINK_CAP_ACK` with `NETLINK_EXT_ACK`, so on such a socket the TLVs always
-//! start right after the 16-byte echoed header: parse rtnetlink's `Error::NetlinkError(e)` with
+//! `crate::netns::socket::enable_extended_ack` sets `NETLINK_CAP_ACK` with `NETLINK_EXT_ACK`, so on such a socket
+//! the TLVs always start right after the 16-byte echoed header: parse rtnetlink's `Error::NetlinkError(e)` with
 //! `KernelError::from_error_message(&e, true)`. With the whole message at hand,
 //! [`KernelError::from_netlink_message`] reads `NLM_F_CAPPED` from its header, and [`KernelError::parse`] takes
 //! the raw bytes of a received `NLMSG_ERROR`.
@@ -13,7 +13,6 @@
 use std::fmt;
 
 use netlink_packet_core::{ErrorMessage, NLM_F_CAPPED, NLMSG_ERROR, NetlinkMessage, NetlinkPayload};
-use netlink_sys::Socket;
 
 use super::DecodeError;
 use super::attrs;
@@ -46,7 +45,7 @@ impl fmt::Display for KernelError {
 impl KernelError {
     /// The error carried by an `NLMSG_ERROR` as netlink-packet-core parsed it; `None` for an ACK (code 0).
     /// `capped`: whether the kernel echoed only the request's header (always true on a socket set up by
-    /// [`enable_extended_ack`]).
+    /// `crate::netns::socket::enable_extended_ack`).
     pub fn from_error_message(error: &ErrorMessage, capped: bool) -> Option<KernelError> {
         let code = error.code?.get();
         let echoed = &error.header;
@@ -98,13 +97,4 @@ impl KernelError {
         error.header = raw[NLMSG_HDRLEN + 4..length].to_vec();
         Ok(Self::from_error_message(&error, flags & NLM_F_CAPPED != 0))
     }
-}
-
-/// Asks the kernel for extended acks (`NETLINK_EXT_ACK`) and for errors that echo only the request's header
-/// (`NETLINK_CAP_ACK`), which is what [`KernelError::from_error_message`] with `capped = true` expects.
-/// `Socket::set_netlink_get_strict_chk(true)` additionally makes the kernel filter dumps by the request's
-/// header fields (e.g. `tcm_ifindex`).
-pub fn enable_extended_ack(socket: &Socket) -> std::io::Result<()> {
-    socket.set_ext_ack(true)?;
-    socket.set_cap_ack(true)
 }

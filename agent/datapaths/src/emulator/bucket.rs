@@ -3,7 +3,7 @@
 //! `buffer` of them, and a packet leaves when the tokens cover its transmit time. Pure.
 
 use crate::datapath::model::Tbf;
-use crate::datapath::netlink::psched::{NSEC_PER_TICK, tbf_burst_for_ticks, transmit_ns};
+use crate::datapath::psched::{NSEC_PER_TICK, tbf_burst_for_ticks, transmit_ns};
 
 #[derive(Debug, Clone)]
 pub struct TokenBucket {

@@ -1,6 +1,7 @@
-//! The node's one way to work on a tree: open a datapath in a namespace, reconcile an interface (in full or from
-//! the connection's record), read its counters, remove it. Applying, resyncing, observing and the cleanup mode
-//! all go through here, so each is done and counted the same way.
+//! The node's datapath, whichever kind (tc trees, or the userspace loop's emulations), and its one way to work
+//! on a pod: open its handle in a namespace, reconcile an interface (in full or from the connection's record),
+//! read its counters, remove what is there. Applying, resyncing, observing and the cleanup mode all go through
+//! here, so each is done and counted the same way, and each failure is one [`PodDatapathError`].
 
 use std::sync::Arc;
 
@@ -8,10 +9,34 @@ use futures::StreamExt;
 use ipnet::IpNet;
 use isthmus_agent_api::{Counters, LinkRef};
 
-use crate::datapath::{Datapath, DatapathError, DesiredState};
+use isthmus_agent_api::PodErrorKind;
+
 use crate::metrics::{Metrics, PodName};
-use crate::netns::Netns;
-use crate::userspace::{PodEmulation, Userspace};
+use isthmus_datapaths::datapath::{Datapath, DatapathError, DesiredState, Place};
+use isthmus_datapaths::netns::Netns;
+use isthmus_datapaths::userspace::{EmulationError, PodEmulation, Userspace};
+
+/// What working on a pod's datapath can fail with: the tc datapath's errors (the kernel's own text kept), or
+/// the userspace datapath's.
+#[derive(Debug, thiserror::Error)]
+pub enum PodDatapathError {
+    #[error(transparent)]
+    Tc(#[from] DatapathError),
+    /// The userspace datapath could not capture the pod's destinations or open its sockets.
+    #[error("{place}: userspace datapath: {source}")]
+    Emulation { place: Place, source: EmulationError },
+}
+
+impl PodDatapathError {
+    pub fn kind(&self) -> PodErrorKind {
+        match self {
+            PodDatapathError::Tc(e) => e.kind(),
+            PodDatapathError::Emulation { source, .. } if source.interface_missing() => PodErrorKind::InterfaceNotFound,
+            PodDatapathError::Emulation { source, .. } if source.stopped() => PodErrorKind::DatapathStopped,
+            PodDatapathError::Emulation { .. } => PodErrorKind::Kernel,
+        }
+    }
+}
 
 /// A pod's handle on the node's datapath, kept across plans while the pod stays in its namespace.
 pub(super) enum PodDatapath {
@@ -59,15 +84,15 @@ impl Removal {
 }
 
 #[derive(Debug)]
-pub(super) struct Trees {
+pub(super) struct NodeDatapath {
     metrics: Arc<Metrics>,
-    /// Trees removed at once.
+    /// NodeDatapath removed at once.
     parallelism: usize,
     /// Set when the node's pods go through the userspace datapath instead of tc trees.
     userspace: Option<Arc<Userspace>>,
 }
 
-impl Trees {
+impl NodeDatapath {
     pub fn new(metrics: Arc<Metrics>, parallelism: usize, userspace: Option<Arc<Userspace>>) -> Self {
         Self { metrics, parallelism: parallelism.max(1), userspace }
     }
@@ -79,10 +104,10 @@ impl Trees {
 
     /// Opens a pod's handle in `netns` on the node's datapath (for tc, its connection and, across plans, its
     /// record), counted.
-    pub async fn open(&self, netns: &Arc<Netns>) -> Result<PodDatapath, DatapathError> {
+    pub async fn open(&self, netns: &Arc<Netns>) -> Result<PodDatapath, PodDatapathError> {
         match &self.userspace {
             Some(userspace) => Ok(PodDatapath::Userspace(userspace.open(netns.clone()))),
-            None => self.open_tc(netns).await.map(PodDatapath::Tc),
+            None => Ok(PodDatapath::Tc(self.open_tc(netns).await?)),
         }
     }
 
@@ -101,15 +126,14 @@ impl Trees {
         interface: &str,
         desired: &DesiredState,
         path: ReconcilePath,
-    ) -> Result<usize, DatapathError> {
+    ) -> Result<usize, PodDatapathError> {
         self.metrics.count_reconcile(path.label());
         match datapath {
-            PodDatapath::Tc(datapath) => Self::reconcile_tc(datapath, interface, desired, path).await,
-            PodDatapath::Userspace(emulation) => {
-                emulation.reconcile(interface, desired, path == ReconcilePath::Full).await.map_err(|source| {
-                    DatapathError::Emulation { place: emulation.place(interface), source: Box::new(source) }
-                })
-            }
+            PodDatapath::Tc(datapath) => Ok(Self::reconcile_tc(datapath, interface, desired, path).await?),
+            PodDatapath::Userspace(emulation) => emulation
+                .reconcile(interface, desired, path == ReconcilePath::Full)
+                .await
+                .map_err(|source| PodDatapathError::Emulation { place: emulation.place(interface), source }),
         }
     }
 
@@ -166,7 +190,7 @@ impl Trees {
 
     /// Removes each tree (on the pod's handle where it has one, else as a tc tree), `parallelism` at once; every removal
     /// comes back with its outcome.
-    pub async fn remove(&self, removals: Vec<Removal>) -> Vec<(Removal, Result<(), DatapathError>)> {
+    pub async fn remove(&self, removals: Vec<Removal>) -> Vec<(Removal, Result<(), PodDatapathError>)> {
         futures::stream::iter(removals)
             .map(|removal| async move {
                 let outcome = async {

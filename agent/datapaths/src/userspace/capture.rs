@@ -20,8 +20,8 @@ use rtnetlink::{Handle, LinkUnspec, LinkVeth, RouteMessageBuilder};
 
 use super::routing::{self, RpFilter, TABLE};
 use super::sys;
-use crate::datapath::socket::open_in;
 use crate::netns::Netns;
+use crate::netns::socket::open_in;
 
 /// The name of the capture's interface in a pod's namespace.
 pub const POD_END: &str = "isth-u0";

@@ -16,7 +16,7 @@
 
 mod bucket;
 mod netem;
-pub(crate) mod random;
+pub mod random;
 
 use std::collections::VecDeque;
 
@@ -51,7 +51,7 @@ impl Packet for Vec<u8> {
 
 /// Why a packet was dropped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Drop {
+pub enum DropCause {
     /// Larger than the bucket: it could never leave (TBF drops it at enqueue).
     TooBig,
     Lost,
@@ -60,13 +60,13 @@ pub enum Drop {
 
 /// What became of a pushed packet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
+pub enum PushOutcome {
     Queued,
     /// Queued, and a copy too.
     Duplicated,
     /// Queued, its copy dropped.
-    CopyDropped(Drop),
-    Dropped(Drop),
+    CopyDropped(DropCause),
+    Dropped(DropCause),
 }
 
 /// The queue between arrival and the bucket: netem's, or TBF's own byte FIFO when no netem is needed.
@@ -118,28 +118,28 @@ impl<P: Packet> Emulator<P> {
         self.counters
     }
 
-    pub fn push(&mut self, packet: P, now: u64) -> Verdict {
+    pub fn push(&mut self, packet: P, now: u64) -> PushOutcome {
         match self.enqueue(packet, now, true) {
-            Err(drop) => Verdict::Dropped(drop),
-            Ok(None) => Verdict::Queued,
+            Err(drop) => PushOutcome::Dropped(drop),
+            Ok(None) => PushOutcome::Queued,
             Ok(Some(copy)) => match self.enqueue(copy, now, false) {
-                Ok(_) => Verdict::Duplicated,
-                Err(drop) => Verdict::CopyDropped(drop),
+                Ok(_) => PushOutcome::Duplicated,
+                Err(drop) => PushOutcome::CopyDropped(drop),
             },
         }
     }
 
     /// One packet into the queue; `Ok(Some(copy))` when netem asks for a duplicate to go through again.
-    fn enqueue(&mut self, packet: P, now: u64, may_duplicate: bool) -> Result<Option<P>, Drop> {
+    fn enqueue(&mut self, packet: P, now: u64, may_duplicate: bool) -> Result<Option<P>, DropCause> {
         let len = packet.len() as u64;
         if self.bucket.as_ref().is_some_and(|b| !b.admits(packet.len())) {
-            return Err(self.dropped(Drop::TooBig));
+            return Err(self.dropped(DropCause::TooBig));
         }
         let result = match &mut self.queue {
             Queue::Netem(netem) => match netem.enqueue(packet, now, may_duplicate) {
                 Enqueued::Queued { duplicate } => Ok(duplicate),
-                Enqueued::Dropped(NetemDrop::Lost) => Err(Drop::Lost),
-                Enqueued::Dropped(NetemDrop::QueueFull) => Err(Drop::QueueFull),
+                Enqueued::Dropped(NetemDrop::Lost) => Err(DropCause::Lost),
+                Enqueued::Dropped(NetemDrop::QueueFull) => Err(DropCause::QueueFull),
             },
             Queue::Fifo { packets, limit_bytes } => {
                 // bfifo accepts while the backlog with this packet stays within the limit.
@@ -147,7 +147,7 @@ impl<P: Packet> Emulator<P> {
                     packets.push_back(packet);
                     Ok(None)
                 } else {
-                    Err(Drop::QueueFull)
+                    Err(DropCause::QueueFull)
                 }
             }
         };
@@ -161,7 +161,7 @@ impl<P: Packet> Emulator<P> {
         }
     }
 
-    fn dropped(&mut self, drop: Drop) -> Drop {
+    fn dropped(&mut self, drop: DropCause) -> DropCause {
         self.counters.drops += 1;
         drop
     }

@@ -16,9 +16,9 @@
 //! `min(|jitter|, INT_MAX)`); `NetemLoss::Random` with probability and correlation both 0 is `NetemLoss::None`.
 
 use super::attrs::{self, u32_at};
-use super::psched::PSCHED_SHIFT;
 use super::{DecodeError, EncodeError};
 use crate::datapath::model::{Netem, NetemLoss};
+use crate::datapath::psched::PSCHED_SHIFT;
 
 const TCA_NETEM_CORR: u16 = 1;
 const TCA_NETEM_REORDER: u16 = 3;

@@ -5,6 +5,7 @@ use ipnet::IpNet;
 use isthmus_agent_api::PodErrorKind;
 
 use crate::netns::NetnsId;
+use crate::netns::socket::SocketError;
 
 /// Where an operation ran: the namespace and, once known, the interface.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,10 +58,12 @@ pub enum DatapathError {
     /// The kernel's reply could not be understood.
     #[error("{place}: {message}")]
     Protocol { place: Place, message: String },
+}
 
-    /// The userspace datapath could not capture the pod's destinations or open its sockets.
-    #[error("{place}: userspace datapath: {source}")]
-    Emulation { place: Place, source: Box<crate::userspace::EmulationError> },
+impl From<SocketError> for DatapathError {
+    fn from(SocketError { netns, action, source }: SocketError) -> Self {
+        DatapathError::Namespace { netns, action, source }
+    }
 }
 
 impl DatapathError {
@@ -71,10 +74,7 @@ impl DatapathError {
             DatapathError::ForeignQdisc { .. } => PodErrorKind::ForeignQdisc,
             DatapathError::KernelUnsupported { .. } => PodErrorKind::KernelUnsupported,
             DatapathError::DuplicateRestriction { .. } => PodErrorKind::DuplicateRestriction,
-            DatapathError::Emulation { source, .. } if source.interface_missing() => PodErrorKind::InterfaceNotFound,
-            DatapathError::Emulation { source, .. } if source.stopped() => PodErrorKind::DatapathStopped,
             DatapathError::Kernel { .. }
-            | DatapathError::Emulation { .. }
             | DatapathError::Namespace { .. }
             | DatapathError::NamespaceUnavailable { .. }
             | DatapathError::Protocol { .. } => PodErrorKind::Kernel,

@@ -46,7 +46,7 @@ use super::handles::ROOT_QDISC;
 use super::installed::{self, RootState};
 use super::model::*;
 use super::netlink::{self, KernelError};
-use super::socket::{self, NamespacedSocket};
+use crate::netns::socket::{self, NamespacedSocket};
 use crate::netns::{Netns, NetnsId};
 
 /// A netlink connection bound to one network namespace.

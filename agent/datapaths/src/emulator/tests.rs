@@ -171,9 +171,9 @@ proptest! {
 fn a_rate_alone_queues_bytes_up_to_the_bound_and_paces() {
     let fields = ImpairmentFields { rate_bps: Some(8_000_000), ..Default::default() };
     let mut e = emulator(fields, 10 * 1514);
-    let verdicts: Vec<Verdict> = (0..20).map(|i| e.push(packet(i, 1514), 0)).collect();
-    assert_eq!(verdicts.iter().filter(|v| **v == Verdict::Queued).count(), 10, "ten frames fit the bound");
-    assert_eq!(verdicts[10], Verdict::Dropped(Drop::QueueFull));
+    let verdicts: Vec<PushOutcome> = (0..20).map(|i| e.push(packet(i, 1514), 0)).collect();
+    assert_eq!(verdicts.iter().filter(|v| **v == PushOutcome::Queued).count(), 10, "ten frames fit the bound");
+    assert_eq!(verdicts[10], PushOutcome::Dropped(DropCause::QueueFull));
     let out = run(&mut e, &[]);
     assert_eq!(out.len(), 10);
     // 1 MB/s: after the burst, one 1514-byte frame every 1.514 ms.

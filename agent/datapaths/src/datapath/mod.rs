@@ -5,16 +5,18 @@
 //!   operations on them, each with its tc name.
 //! - [`handles`]: disjoint handle ranges indexed by a destination's slot; slots stable across reconciles.
 //! - [`tree`]: desired state (destinations → impairments, checked: `desired`) → the set of objects, with stable
-//!   handles; [`units`]: an impairment in the kernel's units (TBF, netem) and back; [`queue`]: the byte budgets
-//!   every queue is held to.
+//!   handles; [`units`]: an impairment in the kernel's units (TBF, netem) and back; [`psched`]: the kernel's tick
+//!   arithmetic, which the userspace emulator's token bucket follows too; [`queue`]: the byte budgets every queue
+//!   is held to.
 //! - [`installed`]: what of a dump is isthmus's (whose root, which objects, which destination in which slot).
-//! - [`diff`]: installed objects vs desired state → the minimal ordered list of operations (`plan`).
+//! - [`diff`]: installed objects vs desired state → the minimal ordered list of operations (`plan`); checked
+//!   in its tests against `sim_kernel`, an in-memory model of the kernel's tc rules (tests only).
 //! - `netlink`: model objects ⇄ rtnetlink messages (hand-encoded htb, tbf, netem), extended acks.
 //! - `batch`: mutations packed many to a `sendmsg` (as `tc -batch` does), refusals matched by sequence number.
-//! - `socket`: the netlink sockets, created inside the namespace (entered the one way `crate::netns` has).
 //! - `reconcile`: the thin shell — dump, diff, send (`Datapath::reconcile`), or diff against the record of the
-//!   last call and send (`Datapath::update`) — over those sockets; `read`: the views of a dump (`observe`,
-//!   `installed`); [`explain`]: one destination address's path through the tree, for `isthmus-agent explain`.
+//!   last call and send (`Datapath::update`) — over the namespace's netlink sockets (`crate::netns::socket`);
+//!   `read`: the views of a dump (`observe`, `installed`); [`explain`]: one destination address's path through
+//!   the tree, for `isthmus-agent explain`.
 
 mod batch;
 mod desired;
@@ -26,10 +28,12 @@ pub mod installed;
 pub mod model;
 pub mod netlink;
 mod probe;
+pub mod psched;
 pub mod queue;
 mod read;
 mod reconcile;
-pub(crate) mod socket;
+#[cfg(test)]
+mod sim_kernel;
 pub mod tree;
 pub mod units;
 

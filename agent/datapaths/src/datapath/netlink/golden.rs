@@ -17,6 +17,7 @@ use netlink_packet_route::tc::{TcAttribute, TcMessage};
 
 use super::*;
 use crate::datapath::model::*;
+use crate::datapath::psched;
 
 const REQUESTS: &str = include_str!("golden/requests.txt");
 

@@ -15,9 +15,9 @@
 //! that gives them at the peak rate, which the kernel keeps as `max_size` when it is below the burst.
 
 use super::attrs::{self, u32_at};
-use super::psched::{buffer_ticks, tbf_burst_for_ticks};
 use super::{DecodeError, EncodeError, ratespec, ratespec_rate};
 use crate::datapath::model::{Tbf, TbfPeak};
+use crate::datapath::psched::{buffer_ticks, tbf_burst_for_ticks};
 
 const TCA_TBF_PARMS: u16 = 1;
 const TCA_TBF_RATE64: u16 = 4;

@@ -23,7 +23,7 @@ use isthmus_agent_api::Impairment;
 use super::desired::DesiredState;
 use super::handles::{self, DEFAULT_CLASS, IPV4_HASH_TABLE, IPV6_HASH_TABLE, ROOT_QDISC, Slot};
 use super::model::*;
-use super::netlink::psched::PSCHED_SHIFT;
+use super::psched::PSCHED_SHIFT;
 use super::queue::QueueBound;
 use super::units::{netem_for, tbf_buffer_ticks, tbf_for};
 
@@ -338,7 +338,7 @@ mod tests {
     use proptest::prelude::*;
 
     use crate::datapath::QueueBudget;
-    use crate::datapath::netlink::psched;
+    use crate::datapath::psched;
 
     use super::*;
 

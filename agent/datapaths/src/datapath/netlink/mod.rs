@@ -18,12 +18,10 @@
 //!   `TcMessage`s (and from requests, which is how the golden tests read iproute2's). Unknown kinds decode to
 //!   `Foreign(kind)`; a known kind with settings the model cannot express is [`DecodeError::Unsupported`] naming
 //!   the attribute, never a silently lossy object.
-//! - [`KernelError`], [`enable_extended_ack`]: errno + extack text of a refused request. On a socket set up with
-//!   `enable_extended_ack` (EXT_ACK + CAP_ACK), rtnetlink's `Error::NetlinkError(e)` parses with
-//!   `KernelError::from_error_message(&e, true)`; a whole reply with `KernelError::from_netlink_message`.
+//! - [`KernelError`]: errno + extack text of a refused request. On a socket set up with
+//!   `crate::netns::socket::enable_extended_ack` (EXT_ACK + CAP_ACK), rtnetlink's `Error::NetlinkError(e)`
+//!   parses with `KernelError::from_error_message(&e, true)`; a whole reply with `KernelError::from_netlink_message`.
 //! - [`changes_in_place`]: whether `Change` can turn one object into another, or the diff must delete + add.
-//! - [`psched`]: the kernel's tick arithmetic — [`psched::buffer_ticks`] (bytes at a rate → the ticks the kernel
-//!   reports for HTB `buffer`/`cbuffer` and TBF `buffer`) and [`psched::tbf_burst_for_ticks`].
 //!
 //! Round-trip invariant: for every object `x` the encoder accepts, decoding what the kernel dumps after
 //! installing `encode(Add(x))` yields `x` exactly (checked against this kernel for htb, tbf and u32, and against
@@ -45,7 +43,6 @@ pub mod htb;
 #[cfg(test)]
 mod live;
 pub mod netem;
-pub mod psched;
 mod stats;
 pub mod tbf;
 #[cfg(test)]
@@ -59,7 +56,7 @@ use netlink_packet_core::{
 use netlink_packet_route::RouteNetlinkMessage;
 use netlink_packet_route::tc::{TcAttribute, TcHandle, TcMessage, TcOption};
 
-pub use self::extack::{KernelError, enable_extended_ack};
+pub use self::extack::KernelError;
 use super::model::{Class, ClassKind, Filter, FilterKind, Handle, Operation, Qdisc, QdiscKind, TcObject};
 
 /// `TCA_OPTIONS`, sent as a raw attribute for the kinds netlink-packet-route does not model.

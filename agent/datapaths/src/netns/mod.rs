@@ -1,12 +1,13 @@
 //! Network namespaces: one identity ([`NetnsId`]), one handle ([`Netns`], an open descriptor that keeps the
 //! namespace alive), and one way in: a thread created for the work, which enters the namespace, checks that it
 //! got there, does the work and ends. `setns` affects only the calling thread, so no thread of the async
-//! runtime or of a pool ever changes namespace. Finding a pod's namespace is `resolve`; what a namespace holds
-//! (addresses, interfaces) is `inventory`.
+//! runtime or of a pool ever changes namespace. Finding a pod's namespace is `lookup`; what a namespace holds
+//! (addresses, interfaces) is `inventory`; route sockets opened inside a namespace are `socket`.
 
 mod inventory;
+mod lookup;
 mod owner;
-mod resolve;
+pub mod socket;
 
 use std::fs::File;
 use std::io;
@@ -18,7 +19,7 @@ use std::sync::mpsc;
 use nix::sched::CloneFlags;
 
 pub use self::inventory::{Inventory, inventory_many};
-pub use self::resolve::{PodIdentity, ResolveError, Resolver, Sources, all_namespaces};
+pub use self::lookup::{PodIdentity, ResolveError, Resolver, Sources, all_namespaces};
 
 /// A network namespace's identity: the (device, inode) of its nsfs file, as `stat -L` shows it. Displayed as
 /// /proc shows namespace links: `net:[inode]`.

@@ -15,6 +15,8 @@ use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
 
 use super::*;
 use crate::datapath::model::*;
+use crate::datapath::psched;
+use crate::netns::socket::enable_extended_ack;
 
 struct Namespace {
     name: String,
