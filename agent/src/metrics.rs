@@ -139,7 +139,7 @@ impl EncodeLabelValue for ListenerKind {
 
 /// What the connection gate did with a caller when every slot was taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum GateOutcome {
+pub enum ConnectionGateOutcome {
     /// Closed at once.
     Refused,
     /// Let in; the address holding the most slots gave one up.
@@ -148,12 +148,12 @@ pub enum GateOutcome {
     EvictedStale,
 }
 
-impl EncodeLabelValue for GateOutcome {
+impl EncodeLabelValue for ConnectionGateOutcome {
     fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> std::fmt::Result {
         encoder.write_str(match self {
-            GateOutcome::Refused => "refused",
-            GateOutcome::EvictedHeaviest => "evicted_heaviest",
-            GateOutcome::EvictedStale => "evicted_stale",
+            ConnectionGateOutcome::Refused => "refused",
+            ConnectionGateOutcome::EvictedHeaviest => "evicted_heaviest",
+            ConnectionGateOutcome::EvictedStale => "evicted_stale",
         })
     }
 }
@@ -188,9 +188,9 @@ pub struct LoopLossLabels {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct GateLabels {
+pub struct ConnectionGateLabels {
     pub listener: ListenerKind,
-    pub outcome: GateOutcome,
+    pub outcome: ConnectionGateOutcome,
 }
 
 #[derive(Debug)]
@@ -218,7 +218,7 @@ pub struct Metrics {
     pub trees_removed: Counter,
     pub tls_handshake_failures: Counter,
     pub forbidden_requests: Counter,
-    pub gate: Family<GateLabels, Counter>,
+    pub connection_gate: Family<ConnectionGateLabels, Counter>,
     pub scrape_observes: Counter,
     /// Requests to the metrics listener by what their bearer token got (`isthmus_agent_api::metrics_auth`).
     pub metrics_auth: Family<OutcomeLabels, Counter>,
@@ -345,11 +345,11 @@ impl Metrics {
             "API requests refused because the client certificate does not name a caller allowed there",
             forbidden_requests.clone(),
         );
-        let gate = Family::<GateLabels, Counter>::default();
+        let connection_gate = Family::<ConnectionGateLabels, Counter>::default();
         registry.register(
             "isthmus_agent_connection_gate",
             "Connections that found every slot of a listener taken: refused, or let in by evicting another",
-            gate.clone(),
+            connection_gate.clone(),
         );
         let scrape_observes = Counter::default();
         registry.register(
@@ -398,7 +398,7 @@ impl Metrics {
             trees_removed,
             tls_handshake_failures,
             forbidden_requests,
-            gate,
+            connection_gate,
             scrape_observes,
             metrics_auth,
             probes,
@@ -440,8 +440,8 @@ impl Metrics {
         self.metrics_auth.get_or_create(&OutcomeLabels { outcome: outcome.as_str().to_owned() }).inc();
     }
 
-    pub fn count_gate(&self, listener: ListenerKind, outcome: GateOutcome) {
-        self.gate.get_or_create(&GateLabels { listener, outcome }).inc();
+    pub fn count_connection_gate(&self, listener: ListenerKind, outcome: ConnectionGateOutcome) {
+        self.connection_gate.get_or_create(&ConnectionGateLabels { listener, outcome }).inc();
     }
 
     /// The OpenMetrics text of everything.

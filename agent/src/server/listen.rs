@@ -1,4 +1,4 @@
-//! The agent's two listeners, each behind a [`Gate`]: a caller gets a slot when its TCP connection is accepted
+//! The agent's two listeners, each behind a [`ConnectionGate`]: a caller gets a slot when its TCP connection is accepted
 //! and keeps it for the connection's life (TLS handshake included), so neither idle connections nor stalled
 //! handshakes can crowd out the operator or kubelet's probes, and handshakes in progress are bounded by the
 //! gate's capacity. Connections the operator's certificate authenticated give their slot back after the
@@ -19,15 +19,15 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio_rustls::server::TlsStream;
 
-use super::gate::{Eviction, Gate, Refused, Slot};
+use super::connection_gate::{ConnectionGate, Eviction, Refused, Slot};
 use crate::auth::{Caller, Callers, ReloadingTls};
-use crate::metrics::{GateOutcome, ListenerKind, Metrics};
+use crate::metrics::{ConnectionGateOutcome, ListenerKind, Metrics};
 
 /// A client that has not finished its TLS handshake by then is dropped.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How many connections each listener admits at once, and after how long a holder counts as stale (see
-/// [`Gate`]): a handshake, a probe or a scrape takes well under a second on a healthy node.
+/// [`ConnectionGate`]): a handshake, a probe or a scrape takes well under a second on a healthy node.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
     pub connections: usize,
@@ -39,8 +39,8 @@ impl Limits {
     pub const HEALTH: Limits = Limits { connections: 32, stale_after: Duration::from_secs(5) };
     pub const METRICS: Limits = Limits { connections: 16, stale_after: Duration::from_secs(5) };
 
-    fn gate(self) -> Gate {
-        Gate::new(self.connections, self.stale_after)
+    fn gate(self) -> ConnectionGate {
+        ConnectionGate::new(self.connections, self.stale_after)
     }
 }
 
@@ -88,14 +88,14 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Gated<S> {
 }
 
 /// Admits an accepted connection through `gate`, counting what happened; None when refused.
-fn admit(gate: &Gate, addr: SocketAddr, metrics: &Metrics, listener: ListenerKind) -> Option<Slot> {
+fn admit(gate: &ConnectionGate, addr: SocketAddr, metrics: &Metrics, listener: ListenerKind) -> Option<Slot> {
     let (slot, outcome) = match gate.admit(addr.ip()) {
         Ok((slot, None)) => return Some(slot),
-        Ok((slot, Some(Eviction::Heaviest))) => (Some(slot), GateOutcome::EvictedHeaviest),
-        Ok((slot, Some(Eviction::Stale))) => (Some(slot), GateOutcome::EvictedStale),
-        Err(Refused) => (None, GateOutcome::Refused),
+        Ok((slot, Some(Eviction::Heaviest))) => (Some(slot), ConnectionGateOutcome::EvictedHeaviest),
+        Ok((slot, Some(Eviction::Stale))) => (Some(slot), ConnectionGateOutcome::EvictedStale),
+        Err(Refused) => (None, ConnectionGateOutcome::Refused),
     };
-    metrics.count_gate(listener, outcome);
+    metrics.count_connection_gate(listener, outcome);
     tracing::debug!(peer = %addr, ?listener, ?outcome, "connection gate full");
     slot
 }
@@ -299,7 +299,7 @@ impl Listener for MetricsTlsListener {
 /// The health listener: plain TCP behind its own gate.
 pub struct PlainListener {
     tcp: TcpListener,
-    gate: Gate,
+    gate: ConnectionGate,
     metrics: Arc<Metrics>,
 }
 

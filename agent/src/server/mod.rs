@@ -6,7 +6,7 @@
 //! - health (`/healthz`, `/readyz`): plain HTTP on its own address, for kubelet probes. It carries neither
 //!   control nor anything about tenants.
 
-mod gate;
+mod connection_gate;
 pub mod listen;
 
 use std::sync::Arc;

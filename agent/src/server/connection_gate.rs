@@ -35,7 +35,7 @@ pub enum Eviction {
 pub struct Refused;
 
 #[derive(Debug)]
-pub struct Gate {
+pub struct ConnectionGate {
     state: Arc<Mutex<State>>,
     capacity: usize,
     stale_after: Duration,
@@ -86,7 +86,7 @@ impl State {
     }
 }
 
-impl Gate {
+impl ConnectionGate {
     pub fn new(capacity: usize, stale_after: Duration) -> Self {
         Self { state: Arc::default(), capacity: capacity.max(1), stale_after }
     }
@@ -165,7 +165,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn free_slots_are_taken_and_given_back() {
-        let gate = Gate::new(2, Duration::from_secs(2));
+        let gate = ConnectionGate::new(2, Duration::from_secs(2));
         let (a, none) = gate.admit(ip(1)).unwrap();
         assert_eq!(none, None);
         let _b = gate.admit(ip(2)).unwrap();
@@ -177,7 +177,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn one_address_filling_the_gate_gives_way_to_another() {
-        let gate = Gate::new(4, Duration::from_secs(2));
+        let gate = ConnectionGate::new(4, Duration::from_secs(2));
         let mut flood: Vec<Slot> = (0..4).map(|_| gate.admit(ip(9)).unwrap().0).collect();
         // The same address gets no more: it holds the most, but not two more than itself.
         assert_eq!(gate.admit(ip(9)).unwrap_err(), Refused);
@@ -198,7 +198,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_gate_spread_over_many_addresses_gives_up_stale_slots_only() {
         let stale_after = Duration::from_secs(2);
-        let gate = Gate::new(3, stale_after);
+        let gate = ConnectionGate::new(3, stale_after);
         let mut spread: Vec<Slot> = (10..13).map(|i| gate.admit(ip(i)).unwrap().0).collect();
         assert_eq!(gate.admit(ip(1)).unwrap_err(), Refused, "every holder is fresh and alone on its address");
         tokio::time::advance(stale_after).await;
@@ -210,7 +210,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_evicted_holder_is_told_and_its_drop_frees_nothing_twice() {
-        let gate = Gate::new(1, Duration::from_secs(2));
+        let gate = ConnectionGate::new(1, Duration::from_secs(2));
         let (mut first, _) = gate.admit(ip(9)).unwrap();
         assert_eq!(gate.admit(ip(9)).unwrap_err(), Refused);
         assert_eq!(gate.admit(ip(1)).unwrap_err(), Refused, "one slot each: nobody holds two more");
