@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, ensure};
 use isthmus_agent_api::ImpairmentFields;
+use isthmus_test_kit::stats::{median, quantile};
 
 use isthmus_kernel_tests::protocol::BENCH_QUANTITIES as QUANTITIES;
 
@@ -55,16 +56,6 @@ fn bench(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
         m(6)
     ));
     Ok(Outcome::Pass)
-}
-
-fn median(values: &[f64]) -> f64 {
-    quantile(values, 0.5)
-}
-
-fn quantile(values: &[f64], q: f64) -> f64 {
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    v[((v.len() - 1) as f64 * q).round() as usize]
 }
 
 fn ms(v: u64) -> Option<Duration> {

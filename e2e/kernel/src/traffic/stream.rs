@@ -9,6 +9,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use isthmus_test_kit::bursts;
 
 use super::{HEADER, TRAILER, fnv1a, now_ns, set_int_opt};
 use crate::netns::{Link, SOURCE_ADDR};
@@ -124,22 +125,7 @@ impl StreamResult {
         for a in &self.arrivals {
             got[a.seq as usize] = true;
         }
-        let mut bursts = Vec::new();
-        let mut run = 0;
-        for g in got {
-            if g {
-                if run > 0 {
-                    bursts.push(run);
-                }
-                run = 0;
-            } else {
-                run += 1;
-            }
-        }
-        if run > 0 {
-            bursts.push(run);
-        }
-        bursts
+        bursts::runs(got)
     }
 
     /// Payload bits per second the sender managed to offer.
