@@ -16,6 +16,8 @@ use std::time::Instant;
 
 use anyhow::Context;
 
+use crate::netns::Netns;
+
 mod bulk;
 mod flood;
 mod guest;
@@ -39,6 +41,11 @@ pub fn now_ns() -> u64 {
 
 fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
+}
+
+/// Runs `f` on a thread inside `ns` (`isthmus_test_kit::netns::run_in`), with anyhow's errors.
+fn enter<T: Send>(ns: &Netns, f: impl FnOnce() -> anyhow::Result<T> + Send) -> anyhow::Result<T> {
+    ns.enter(f)?
 }
 
 fn set_int_opt(sock: &impl AsRawFd, level: i32, name: i32, value: i32) -> anyhow::Result<()> {

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use isthmus_test_kit::bursts;
 
-use super::{HEADER, TRAILER, fnv1a, now_ns, set_int_opt};
-use crate::netns::{Link, SOURCE_ADDR};
+use super::{HEADER, TRAILER, enter, fnv1a, now_ns, set_int_opt};
+use crate::netns::{SOURCE_ADDR, VethPair};
 use crate::stats::Summary;
 
 #[derive(Debug, Clone)]
@@ -154,12 +154,12 @@ pub struct Stream {
 }
 
 impl Stream {
-    pub fn start(link: &Link, destination: Ipv4Addr, port: u16, spec: &StreamSpec) -> anyhow::Result<Stream> {
+    pub fn start(pair: &VethPair, destination: Ipv4Addr, port: u16, spec: &StreamSpec) -> anyhow::Result<Stream> {
         if spec.payload < HEADER + TRAILER {
             bail!("payload of {} bytes cannot hold the stream header", spec.payload);
         }
         let to = SocketAddrV4::new(destination, port);
-        let rx = link.b.enter(move || {
+        let rx = enter(&pair.b, move || {
             let s = UdpSocket::bind(to).with_context(|| format!("binding {to}"))?;
             // root in the guest: force a receive buffer that holds a whole bounded test stream
             set_int_opt(&s, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, 8 << 20)?;
@@ -167,7 +167,7 @@ impl Stream {
             Ok(s)
         })?;
         let no_check = spec.no_udp_checksum;
-        let tx = link.a.enter(move || {
+        let tx = enter(&pair.a, move || {
             let s = UdpSocket::bind(SocketAddrV4::new(SOURCE_ADDR, 0))?;
             s.connect(to)?;
             if no_check {
@@ -208,8 +208,8 @@ impl Stream {
 }
 
 /// Starts a stream and waits for it.
-pub fn stream(link: &Link, destination: Ipv4Addr, port: u16, spec: &StreamSpec) -> anyhow::Result<StreamResult> {
-    Stream::start(link, destination, port, spec)?.finish()
+pub fn stream(pair: &VethPair, destination: Ipv4Addr, port: u16, spec: &StreamSpec) -> anyhow::Result<StreamResult> {
+    Stream::start(pair, destination, port, spec)?.finish()
 }
 
 fn send(socket: &UdpSocket, spec: &StreamSpec) -> (u32, u32, Duration) {
