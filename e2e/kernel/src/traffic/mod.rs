@@ -5,7 +5,9 @@
 //! whole payload, so one stream yields delay, loss, duplication, corruption and reordering.
 //! Every loop here is bounded in packets and in time.
 //!
-//! - `stream`: a UDP stream and what its receiver saw (delay, loss, duplication, corruption, order, goodput);
+//! - `stream`: a UDP stream, its sender and its receiver;
+//! - `result`: what the receiver saw and the figures read from it (delay, loss and its bursts, duplication,
+//!   corruption, order, goodput), pure;
 //! - `bulk`: TCP bulk for a bounded time;
 //! - `flood`: datagrams nobody receives, to fill a queue;
 //! - `guest`: the guest kernel's own counters read around a stream (CPU time, input backlog drops).
@@ -21,12 +23,14 @@ use crate::netns::Netns;
 mod bulk;
 mod flood;
 mod guest;
+mod result;
 mod stream;
 
 pub use bulk::Bulk;
 pub use flood::{Gso, flood, flood_gso};
 pub use guest::{CpuTimes, backlog_drops};
-pub use stream::{Stream, StreamResult, StreamSpec, stream};
+pub use result::StreamResult;
+pub use stream::{Stream, StreamSpec, stream};
 
 const HEADER: usize = 16; // seq u32, packets in the stream u32, send time u64
 const TRAILER: usize = 8; // FNV-1a over everything before it
