@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use agent_common::{Agent, AgentOptions, Fleet, TestCerts};
 use isthmus_agent_api::test_util::{destination, link, pod, rate};
 use isthmus_agent_api::{LinkRef, NodePlan, PodOutcome, PodPlan};
+use isthmus_test_kit::stats::Sorted;
 
 const NODE: &str = "node-bench";
 const PODS: usize = 100;
@@ -35,11 +36,6 @@ fn plan(fleet: &Fleet, version: u64, pods: usize, rate_base: u64) -> NodePlan {
             .collect(),
         ..Default::default()
     }
-}
-
-fn median(mut v: Vec<f64>) -> (f64, f64, f64) {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    (v[v.len() / 2], v[0], v[v.len() - 1])
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -134,7 +130,8 @@ async fn main() {
     println!("| phase | median (s) | min (s) | max (s) |");
     println!("|---|---|---|---|");
     for (phase, t) in phases.iter().zip(times) {
-        let (m, lo, hi) = median(t);
+        let t = Sorted::new(t).expect("every phase timed in every round");
+        let (m, lo, hi) = (t.median(), t.min(), t.max());
         println!("| {phase} | {m:.3} | {lo:.3} | {hi:.3} |");
     }
     let max_rss = rss_after.iter().map(|r| r.0).max().unwrap_or(0);

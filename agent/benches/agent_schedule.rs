@@ -21,6 +21,7 @@ use agent_common::{Agent, AgentOptions, Fleet, TestCerts};
 use isthmus_agent_api::schedule::{End, Phase, Timeline, TimelineFields};
 use isthmus_agent_api::test_util::{destination, link, pod, rate};
 use isthmus_agent_api::{LinkRef, LinkTimeline, NodePlan, PodOutcome, PodPlan, unix_ms_now};
+use isthmus_test_kit::stats::quantile;
 
 const NODE: &str = "node-bench";
 const PODS: usize = 100;
@@ -82,12 +83,6 @@ fn switches(log: &str, field: &str) -> Vec<f64> {
         .collect()
 }
 
-fn percentile(v: &[f64], p: f64) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[(((v.len() as f64) * p).ceil() as usize).clamp(1, v.len()) - 1]
-}
-
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     if std::env::args().any(|a| a == "--list") {
@@ -139,9 +134,9 @@ async fn main() {
         ("ramp of 100 ms steps: every change acknowledged", &ramp_done),
     ] {
         let max = v.iter().copied().fold(0.0, f64::max);
-        println!("| {what} | {} | {:.0} | {:.0} | {max:.0} |", v.len(), percentile(v, 0.5), percentile(v, 0.99));
+        println!("| {what} | {} | {:.0} | {:.0} | {max:.0} |", v.len(), quantile(v, 0.5), quantile(v, 0.99));
     }
-    println!("\nnetlink changes per switch: median {:.0}", percentile(&mutations, 0.5));
+    println!("\nnetlink changes per switch: median {:.0}", quantile(&mutations, 0.5));
     println!("\n| agent CPU over {ramp_seconds} s | % of one core |\n|---|---|");
     println!("| plan applied, no schedule | {idle:.1} |");
     println!("| ramp of 100 ms steps running | {ramping:.1} |");

@@ -25,6 +25,7 @@ use ipnet::IpNet;
 use isthmus_agent_api::Impairment;
 use isthmus_agent_api::test_util::rate;
 use isthmus_datapaths::datapath::{Datapath, DesiredState};
+use isthmus_test_kit::stats::median;
 use support::Pair;
 
 fn destination(i: u32) -> Ipv4Addr {
@@ -81,16 +82,6 @@ fn tc_ok(ns: &str, args: &[&str]) {
 
 fn clear(ns: &str) {
     let _ = Command::new("tc").args(["-n", ns, "qdisc", "del", "dev", "va", "root"]).output();
-}
-
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
-}
-
-fn median_f(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2]
 }
 
 fn ms(d: Duration) -> String {
@@ -173,19 +164,19 @@ async fn main() {
             table,
             "| {n} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             commands.len(),
-            ms(median(install.clone())),
-            ms(median(batch.clone())),
-            ms(median(per_object)),
-            ms(median(change)),
-            ms(median(fast_change)),
-            ms(median(tc_change)),
-            ms(median(reapply)),
-            ms(median(fast_reapply))
+            ms(median(&install)),
+            ms(median(&batch)),
+            ms(median(&per_object)),
+            ms(median(&change)),
+            ms(median(&fast_change)),
+            ms(median(&tc_change)),
+            ms(median(&reapply)),
+            ms(median(&fast_reapply))
         )
         .unwrap();
         eprintln!(
             "{n}: install {:.2}× faster than tc -batch",
-            median(batch).as_secs_f64() / median(install).as_secs_f64()
+            median(&batch).as_secs_f64() / median(&install).as_secs_f64()
         );
     }
     let _ = std::fs::remove_file(&batch_path);
@@ -212,7 +203,7 @@ async fn main() {
         }
     }
     datapath.reconcile("va", &DesiredState::empty()).await.unwrap();
-    let (g1, g1000) = (median_f(with_one.clone()), median_f(with_thousand.clone()));
+    let (g1, g1000) = (median(&with_one), median(&with_thousand));
     writeln!(table).unwrap();
     writeln!(table, "| TCP goodput to one destination | median Gbit/s | runs (Gbit/s) |").unwrap();
     writeln!(table, "|---|---|---|").unwrap();

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use agent_common::{Agent, AgentOptions, Fleet, TestCerts, ip};
 use isthmus_agent_api::test_util::{destination, link, pod, rate};
 use isthmus_agent_api::{LinkRef, NodePlan, PodOutcome, PodPlan};
+use isthmus_test_kit::stats::median;
 
 const NODE: &str = "node-probe-bench";
 const PODS: usize = 100;
@@ -55,11 +56,6 @@ fn probes_sent(metrics: &str) -> f64 {
         .filter(|l| l.starts_with("isthmus_link_probes_sent_total{"))
         .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
         .sum()
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2]
 }
 
 struct Sample {
@@ -139,7 +135,7 @@ async fn main() {
         }
     }
     let [off, on] = samples;
-    let column = |s: &[Sample], f: fn(&Sample) -> f64| median(s.iter().map(f).collect());
+    let column = |s: &[Sample], f: fn(&Sample) -> f64| median(&s.iter().map(f).collect::<Vec<_>>());
     println!("\n### Probing: {PODS} pods × {PODS} destinations, 100 links, {rounds} rounds of {seconds} s, medians\n");
     println!("| | --verify=false | --verify=true (defaults) |\n|---|---|---|");
     println!(

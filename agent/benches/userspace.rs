@@ -28,6 +28,7 @@ use isthmus_datapaths::netns::Netns;
 use isthmus_datapaths::userspace::capture::Capture;
 use isthmus_datapaths::userspace::pipeline::PodPipeline;
 use isthmus_datapaths::userspace::{PodPath, Shell};
+use isthmus_test_kit::stats::quantile;
 use support::{Pair, in_netns, net};
 
 const PROBES: u32 = 2000;
@@ -35,12 +36,6 @@ const PROBES: u32 = 2000;
 fn impairment(latency_ms: u64, rate_bps: Option<u64>) -> Arc<Impairment> {
     let fields = ImpairmentFields { latency: Some(Duration::from_millis(latency_ms)), rate_bps, ..Default::default() };
     Arc::new(Impairment::try_from(fields).unwrap())
-}
-
-fn quantile(v: &[f64], q: f64) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    v[((v.len() - 1) as f64 * q).round() as usize]
 }
 
 fn rtts(pair: &Pair, dst: IpAddr) -> Vec<f64> {

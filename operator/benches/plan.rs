@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use isthmus_operator::api::{FromSpec, ImpairmentSpec, NetworkLink, NetworkLinkSpec, ServiceInclusion, ToSpec};
 use isthmus_operator::index::{Index, LinkInfo, ObjectKey, PodInfo, PodPhase, ServiceInfo};
 use isthmus_operator::plan::{PlanLimits, Planner, compute, compute_with};
+use isthmus_test_kit::stats::Sorted;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
 
 struct Counting;
@@ -242,9 +243,9 @@ fn topology_plan(world: &(Index, isthmus_operator::topology::NetworkTopologySpec
     }
 }
 
-fn median_of(mut samples: Vec<Duration>) -> (Duration, Duration) {
-    samples.sort();
-    (samples[samples.len() / 2], *samples.last().unwrap())
+fn median_of(samples: Vec<Duration>) -> (Duration, Duration) {
+    let sorted = Sorted::new(samples).expect("at least one run");
+    (sorted.median(), sorted.max())
 }
 
 fn full(scenario: &'static str, index: &Index, runs: usize, target: Duration) -> Row {

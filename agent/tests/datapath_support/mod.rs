@@ -1,6 +1,7 @@
 //! Throwaway network namespaces for the datapath's host-kernel tests and benchmarks: two namespaces joined by
-//! a veth, set up with iproute2 (an independent tool; the product itself never shells out), removed on drop —
-//! also when a test fails. Traffic only ever flows between addresses inside these namespaces, bounded in time.
+//! a veth (the test kit's `VethPair`, which the kernel rig's guest tests use too), set up with iproute2 (an
+//! independent tool; the product itself never shells out), removed on drop — also when a test fails. Traffic
+//! only ever flows between addresses inside these namespaces, bounded in time.
 
 #![allow(dead_code)]
 
@@ -16,7 +17,7 @@ use isthmus_datapaths::datapath::Datapath;
 
 #[path = "../goodput/mod.rs"]
 pub mod goodput;
-use nix::sched::{CloneFlags, setns};
+use isthmus_test_kit::netns::{self, VethPair};
 
 pub fn net(s: &str) -> IpNet {
     s.parse().unwrap()
@@ -44,46 +45,28 @@ pub fn tc(ns: &str, args: &[&str]) -> String {
 /// Runs `f` on a thread inside namespace `ns`; sockets it creates stay in `ns` afterwards.
 pub fn in_netns<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {
     let file = File::open(format!("/run/netns/{ns}")).unwrap();
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            setns(file.as_fd(), CloneFlags::CLONE_NEWNET).unwrap();
-            f()
-        })
-        .join()
-        .unwrap()
-    })
+    netns::run_in(file.as_fd(), f).unwrap()
 }
 
-/// Namespaces `a` (10.77.0.1, fd77::1 on `va`) and `b` (10.77.0.2, .3, fd77::2, ::3 on `vb`).
+/// Namespaces `a` (10.77.0.1, fd77::1 on `va`) and `b` (10.77.0.2, .3, fd77::2, ::3 on `vb`), by name.
 pub struct Pair {
     pub a: String,
     pub b: String,
+    /// Holds both namespaces; deletes them when the pair goes.
+    veth: VethPair,
 }
 
 impl Pair {
     pub fn new(tag: &str) -> Pair {
         assert!(nix::unistd::geteuid().is_root(), "the datapath host-kernel tests need root (CI runs as root)");
-        let base = format!("isth-dp-{tag}-{}", std::process::id());
-        let pair = Pair { a: format!("{base}-a"), b: format!("{base}-b") };
-        // Leftovers of a killed earlier run with the same pid would make `add` fail.
-        for ns in [&pair.a, &pair.b] {
-            let _ = Command::new("ip").args(["netns", "del", ns]).output();
-            run(&["ip", "netns", "add", ns]);
-        }
-        let (a, b) = (pair.a.as_str(), pair.b.as_str());
-        run(&["ip", "-n", a, "link", "add", "va", "type", "veth", "peer", "name", "vb", "netns", b]);
-        run(&["ip", "-n", a, "addr", "add", "10.77.0.1/24", "dev", "va"]);
-        run(&["ip", "-n", a, "addr", "add", "fd77::1/64", "dev", "va", "nodad"]);
-        for addr in ["10.77.0.2/24", "10.77.0.3/24"] {
-            run(&["ip", "-n", b, "addr", "add", addr, "dev", "vb"]);
-        }
-        for addr in ["fd77::2/64", "fd77::3/64"] {
-            run(&["ip", "-n", b, "addr", "add", addr, "dev", "vb", "nodad"]);
-        }
-        for (ns, dev) in [(a, "va"), (b, "vb"), (a, "lo"), (b, "lo")] {
-            run(&["ip", "-n", ns, "link", "set", dev, "up"]);
-        }
-        pair
+        let addr = |a: &str, prefix| (a.parse().unwrap(), prefix);
+        let veth = VethPair::new(
+            &format!("isth-dp-{tag}-{}", std::process::id()),
+            &[addr("10.77.0.1", 24), addr("fd77::1", 64)],
+            &[addr("10.77.0.2", 24), addr("10.77.0.3", 24), addr("fd77::2", 64), addr("fd77::3", 64)],
+        )
+        .unwrap();
+        Pair { a: veth.a.name().to_owned(), b: veth.b.name().to_owned(), veth }
     }
 
     pub async fn datapath(&self) -> Datapath {
@@ -162,13 +145,5 @@ impl Pair {
             std::thread::sleep(Duration::from_micros(200));
         }
         std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
-impl Drop for Pair {
-    fn drop(&mut self) {
-        for ns in [&self.a, &self.b] {
-            let _ = Command::new("ip").args(["netns", "del", ns]).output();
-        }
     }
 }

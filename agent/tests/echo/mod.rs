@@ -74,11 +74,11 @@ pub fn round_trips(socket: UdpSocket, dst: IpAddr, count: u32, wait: Duration) -
     out
 }
 
+/// The median of the answered round trips (the test kit's nearest rank).
 pub fn median(rtts: &[Option<f64>]) -> f64 {
-    let mut v: Vec<f64> = rtts.iter().flatten().copied().collect();
+    let v: Vec<f64> = rtts.iter().flatten().copied().collect();
     assert!(!v.is_empty(), "every probe was lost");
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+    isthmus_test_kit::stats::median(&v)
 }
 
 /// As [`round_trips`], but sent on a fixed schedule (`interval` apart) without waiting for the echoes, so that

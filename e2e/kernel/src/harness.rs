@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use isthmus_kernel_tests::protocol::{TestRecord, USERSPACE_SUFFIX, Verdict, emit};
+use isthmus_kernel_tests::protocol::{TestOutcome, TestRecord, USERSPACE_SUFFIX, emit};
 
 /// How the guest kernel runs; timing tolerances depend on it (QEMU TCG adds about 1–2 ms to every delay and
 /// more under host load; UML is within a fraction of a millisecond on a quiet host).
@@ -133,9 +133,9 @@ impl Ctx {
 
 /// The test's line in the host's table: its phrases, the failure's note first when it did not pass, and every
 /// failed attempt that was taken again.
-fn summary_line(phrases: &[String], retries: &[String], verdict: Verdict, note: Option<String>) -> String {
+fn summary_line(phrases: &[String], retries: &[String], outcome: TestOutcome, note: Option<String>) -> String {
     let mut summary = phrases.join("; ");
-    if verdict != Verdict::Pass {
+    if outcome != TestOutcome::Pass {
         let note = note.unwrap_or_default();
         summary = if summary.is_empty() { note } else { format!("{note} [{summary}]") };
     }
@@ -202,29 +202,29 @@ pub fn run(tests: &[&Test], config: &RunConfig) -> bool {
         let start = Instant::now();
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (test.run)(&mut ctx)));
         let duration_ms = start.elapsed().as_millis() as u64;
-        let (verdict, note) = match result {
-            Ok(Ok(Outcome::Pass)) => (Verdict::Pass, None),
+        let (outcome, note) = match result {
+            Ok(Ok(Outcome::Pass)) => (TestOutcome::Pass, None),
             // A test skips only what the host it runs on cannot have; in the rig's guests everything it needs
             // is there, so a skip there is a measurement not made, and fails.
-            Ok(Ok(Outcome::Skip(why))) if config.backend == Backend::Native => (Verdict::Skip, Some(why)),
+            Ok(Ok(Outcome::Skip(why))) if config.backend == Backend::Native => (TestOutcome::Skip, Some(why)),
             Ok(Ok(Outcome::Skip(why))) => {
-                (Verdict::Fail, Some(format!("skipped in the rig's guest, where it must measure: {why}")))
+                (TestOutcome::Fail, Some(format!("skipped in the rig's guest, where it must measure: {why}")))
             }
-            Ok(Err(e)) => (Verdict::Fail, Some(format!("{e:#}"))),
+            Ok(Err(e)) => (TestOutcome::Fail, Some(format!("{e:#}"))),
             Err(panic) => {
                 let msg = panic
                     .downcast_ref::<String>()
                     .cloned()
                     .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
                     .unwrap_or_else(|| "panic".to_owned());
-                (Verdict::Fail, Some(format!("panicked: {msg}")))
+                (TestOutcome::Fail, Some(format!("panicked: {msg}")))
             }
         };
         if let Some(note) = &note {
-            ctx.log(format!("{verdict:?}: {note}"));
+            ctx.log(format!("{outcome:?}: {note}"));
         }
-        let summary = summary_line(&ctx.summary, &ctx.retries, verdict, note);
-        all_ok &= verdict != Verdict::Fail;
+        let summary = summary_line(&ctx.summary, &ctx.retries, outcome, note);
+        all_ok &= outcome != TestOutcome::Fail;
         // the runtime (and with it any datapath connection) goes before the next test's namespaces appear
         let Ctx { output, measurements, runtime, kernel, .. } = ctx;
         runtime.shutdown_timeout(std::time::Duration::from_secs(1));
@@ -232,7 +232,7 @@ pub fn run(tests: &[&Test], config: &RunConfig) -> bool {
             test: test.name.to_owned(),
             kernel,
             backend: config.backend.name().to_owned(),
-            verdict,
+            outcome,
             duration_ms,
             summary,
             output,
@@ -253,13 +253,13 @@ mod tests {
     #[test]
     fn every_retry_is_in_the_summary_line() {
         let phrases = vec!["delay 20ms p50 20.1 ms".to_owned()];
-        assert_eq!(summary_line(&phrases, &[], Verdict::Pass, None), "delay 20ms p50 20.1 ms");
+        assert_eq!(summary_line(&phrases, &[], TestOutcome::Pass, None), "delay 20ms p50 20.1 ms");
         let retries = vec!["delay attempt 1: p50 28.0 ms above 25.0 ms".to_owned()];
         assert_eq!(
-            summary_line(&phrases, &retries, Verdict::Pass, None),
+            summary_line(&phrases, &retries, TestOutcome::Pass, None),
             "delay 20ms p50 20.1 ms (retried: delay attempt 1: p50 28.0 ms above 25.0 ms)"
         );
-        let failed = summary_line(&[], &retries, Verdict::Fail, Some("p50 29 ms".into()));
+        let failed = summary_line(&[], &retries, TestOutcome::Fail, Some("p50 29 ms".into()));
         assert_eq!(failed, "p50 29 ms (retried: delay attempt 1: p50 28.0 ms above 25.0 ms)");
         assert_eq!(first_line(&format!("{}\nsecond", "x".repeat(200))).chars().count(), 161);
     }

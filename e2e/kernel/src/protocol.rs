@@ -29,9 +29,10 @@ pub const BENCH_QUANTITIES: [(&str, &str); 9] = [
     ("cpu_per_gbit_free", "kernel-wide CPU per Gbit/s, not impaired (cores)"),
 ];
 
+/// How one test ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Verdict {
+pub enum TestOutcome {
     Pass,
     Fail,
     Skip,
@@ -42,7 +43,9 @@ pub struct TestRecord {
     pub test: String,
     pub kernel: String,
     pub backend: String,
-    pub verdict: Verdict,
+    /// `verdict` on the wire and in `summary.json`.
+    #[serde(rename = "verdict")]
+    pub outcome: TestOutcome,
     pub duration_ms: u64,
     /// One line for the host's table: the figures that decided the verdict.
     pub summary: String,
@@ -97,7 +100,7 @@ mod tests {
             test: "delay".into(),
             kernel: "sid-uml-7.2".into(),
             backend: "uml".into(),
-            verdict: Verdict::Pass,
+            outcome: TestOutcome::Pass,
             duration_ms: 5300,
             summary: "delay 20ms p50 20.5".into(),
             output: "line one\nline two".into(),
@@ -107,7 +110,7 @@ mod tests {
         match parse_line(&line) {
             ConsoleLine::Result(r) => {
                 assert_eq!(r.test, "delay");
-                assert_eq!(r.verdict, Verdict::Pass);
+                assert_eq!(r.outcome, TestOutcome::Pass);
                 assert_eq!(r.output, "line one\nline two");
             }
             other => panic!("{other:?}"),

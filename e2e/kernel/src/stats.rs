@@ -1,5 +1,7 @@
 //! Order statistics of a sample: what the tests assert on (means, medians, spreads, ratios; never maxima).
+//! Quantiles by the test kit's one rank convention (nearest rank, `isthmus_test_kit::stats`).
 
+use isthmus_test_kit::stats::{Sorted, mean, std_dev};
 use serde::Serialize;
 
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -14,16 +16,15 @@ pub struct Summary {
 
 impl Summary {
     pub fn of(values: &[f64]) -> Option<Summary> {
-        if values.is_empty() {
-            return None;
-        }
-        let mut v = values.to_vec();
-        v.sort_by(f64::total_cmp);
-        let n = v.len();
-        let mean = v.iter().sum::<f64>() / n as f64;
-        let var = v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n as f64;
-        let q = |p: f64| v[((n as f64 * p) as usize).min(n - 1)];
-        Some(Summary { n, mean, sd: var.sqrt(), p10: q(0.1), p50: q(0.5), p90: q(0.9) })
+        let v = Sorted::of(values)?;
+        Some(Summary {
+            n: v.len(),
+            mean: mean(values),
+            sd: std_dev(values),
+            p10: v.quantile(0.1),
+            p50: v.median(),
+            p90: v.quantile(0.9),
+        })
     }
 }
 
@@ -50,10 +51,11 @@ mod tests {
 
     #[test]
     fn summary_of_a_uniform_sample() {
-        let v: Vec<f64> = (0..100).map(f64::from).collect();
+        // nearest rank: the p-th percentile of 1..=100 is p
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
         let s = Summary::of(&v).unwrap();
         assert_eq!((s.n, s.p10, s.p50, s.p90), (100, 10.0, 50.0, 90.0));
-        assert!((s.mean - 49.5).abs() < 1e-9);
+        assert!((s.mean - 50.5).abs() < 1e-9);
         assert!((s.sd - 28.866).abs() < 1e-3, "{}", s.sd);
         assert!(Summary::of(&[]).is_none());
     }

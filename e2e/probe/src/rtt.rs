@@ -7,7 +7,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use serde_json::{Value, json};
 
 use crate::error::{Context, ProbeError, Result};
-use crate::stats::{ReplyKind, RttSummary, SequenceTracker};
+use crate::stats::{ReplyKind, RttSummary, SequenceTracker, bursts_json};
 use crate::wire::{HEADER_LEN, MAX_FRAME_LEN, Probe, fill_padding, padding_intact};
 
 /// Probe bytes a TCP run may have sent and not yet seen echoed.
@@ -258,7 +258,7 @@ pub fn run(options: &RttOptions) -> Result<Value> {
         "duplicates": tracker.duplicates(),
         "reordered": tracker.reordered(),
         "corrupted": corrupted,
-        "loss_bursts": tracker.loss_bursts().to_json(),
+        "loss_bursts": bursts_json(tracker.loss_bursts()),
         "rtt_ms": RttSummary::to_json(summary.as_ref()),
     });
     if options.samples {

@@ -1,5 +1,7 @@
 //! Accounting of probe replies (loss, duplicates, reordering, late replies) and round-trip statistics.
 
+pub use isthmus_test_kit::bursts::LossBursts;
+use isthmus_test_kit::stats::{Sorted, mean, std_dev};
 use serde_json::{Value, json};
 
 /// What happened to one probe sequence number so far.
@@ -120,41 +122,16 @@ impl SequenceTracker {
         if self.sent == 0 { 0.0 } else { self.lost() as f64 / self.sent as f64 }
     }
 
-    /// Runs of consecutive lost probes, in sequence order: what a Gilbert–Elliott link's bad state shows as.
+    /// Runs of consecutive lost probes (never answered, or answered late), in sequence order: what a
+    /// Gilbert–Elliott link's bad state shows as.
     pub fn loss_bursts(&self) -> LossBursts {
-        let mut bursts = LossBursts::default();
-        let mut run = 0u64;
-        let lost = |s: &SeqState| *s != SeqState::Answered;
-        for state in self.states.iter().take(self.sent as usize).map(Some).chain([None]) {
-            match state {
-                Some(s) if lost(s) => run += 1,
-                _ if run > 0 => {
-                    bursts.count += 1;
-                    bursts.lost += run;
-                    bursts.max_length = bursts.max_length.max(run);
-                    run = 0;
-                }
-                _ => {}
-            }
-        }
-        bursts
+        LossBursts::of(self.states.iter().take(self.sent as usize).map(|s| *s == SeqState::Answered))
     }
 }
 
-/// Runs of consecutive lost probes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct LossBursts {
-    pub count: u64,
-    /// Probes lost in all the runs (= lost).
-    pub lost: u64,
-    pub max_length: u64,
-}
-
-impl LossBursts {
-    pub fn to_json(self) -> Value {
-        let mean = if self.count == 0 { Value::Null } else { json!(self.lost as f64 / self.count as f64) };
-        json!({"count": self.count, "mean_length": mean, "max_length": self.max_length})
-    }
+/// `loss_bursts` in the report: count, mean length (null without any) and longest run.
+pub fn bursts_json(bursts: LossBursts) -> Value {
+    json!({"count": bursts.count, "mean_length": bursts.mean_length(), "max_length": bursts.max_length})
 }
 
 /// Summary of round-trip samples, in milliseconds.
@@ -177,28 +154,22 @@ pub struct RttSummary {
 impl RttSummary {
     /// `samples` in arrival order. None when there are none.
     pub fn from_samples(samples: &[f64]) -> Option<Self> {
-        if samples.is_empty() {
-            return None;
-        }
-        let mut sorted = samples.to_vec();
-        sorted.sort_by(f64::total_cmp);
+        let sorted = Sorted::of(samples)?;
         let n = samples.len() as f64;
-        let mean = samples.iter().sum::<f64>() / n;
-        let variance = samples.iter().map(|s| (s - mean).powi(2)).sum::<f64>() / n;
         let jitter = if samples.len() < 2 {
             0.0
         } else {
             samples.windows(2).map(|w| (w[1] - w[0]).abs()).sum::<f64>() / (n - 1.0)
         };
         Some(RttSummary {
-            min: sorted[0],
-            mean,
-            p10: percentile(&sorted, 10.0),
-            p50: percentile(&sorted, 50.0),
-            p90: percentile(&sorted, 90.0),
-            p99: percentile(&sorted, 99.0),
-            max: sorted[sorted.len() - 1],
-            stddev: variance.sqrt(),
+            min: sorted.min(),
+            mean: mean(samples),
+            p10: sorted.quantile(0.10),
+            p50: sorted.median(),
+            p90: sorted.quantile(0.90),
+            p99: sorted.quantile(0.99),
+            max: sorted.max(),
+            stddev: std_dev(samples),
             jitter,
         })
     }
@@ -224,14 +195,6 @@ impl RttSummary {
     }
 }
 
-/// Nearest-rank percentile of an ascending, non-empty slice: the smallest sample such that at
-/// least `p` percent of the samples are less than or equal to it. Always an observed value.
-pub fn percentile(sorted: &[f64], p: f64) -> f64 {
-    assert!(!sorted.is_empty(), "percentile of no samples");
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
 /// Milliseconds rounded to the microsecond: finer digits are clock noise and bloat the output.
 fn round_us(ms: f64) -> f64 {
     (ms * 1000.0).round() / 1000.0
@@ -247,20 +210,6 @@ mod tests {
             t.record_sent();
         }
         t
-    }
-
-    #[test]
-    fn nearest_rank_percentiles() {
-        let samples: Vec<f64> = (1..=100).map(f64::from).collect();
-        assert_eq!(percentile(&samples, 50.0), 50.0);
-        assert_eq!(percentile(&samples, 90.0), 90.0);
-        assert_eq!(percentile(&samples, 99.0), 99.0);
-        assert_eq!(percentile(&samples, 100.0), 100.0);
-        assert_eq!(percentile(&samples, 0.0), 1.0);
-        let few = [10.0, 20.0, 30.0];
-        assert_eq!(percentile(&few, 50.0), 20.0);
-        assert_eq!(percentile(&few, 90.0), 30.0);
-        assert_eq!(percentile(&[7.0], 99.0), 7.0);
     }
 
     #[test]
@@ -367,14 +316,14 @@ mod tests {
         let b = t.loss_bursts();
         assert_eq!((b.count, b.lost, b.max_length), (3, 6, 3));
         assert_eq!(b.lost, t.lost());
-        assert_eq!(b.to_json()["mean_length"], json!(2.0));
+        assert_eq!(bursts_json(b)["mean_length"], json!(2.0));
         let none = sent(3);
         let mut all = sent(3);
         (0..3).for_each(|s| {
             all.record_reply(s, true);
         });
         assert_eq!(none.loss_bursts(), LossBursts { count: 1, lost: 3, max_length: 3 });
-        assert_eq!(all.loss_bursts().to_json()["mean_length"], Value::Null);
+        assert_eq!(bursts_json(all.loss_bursts())["mean_length"], Value::Null);
     }
 
     #[test]

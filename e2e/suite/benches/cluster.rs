@@ -16,6 +16,7 @@
 //! state this bench reads (`make bench-cluster BENCH_DATAPATH=userspace`).
 
 use isthmus_e2e::{TestNamespace, kubectl, kubectl_raw, link_manifest, probe_image};
+use isthmus_test_kit::stats::Sorted;
 use serde_json::Value;
 use std::collections::{HashMap, HashSet};
 use std::io::BufReader;
@@ -261,25 +262,17 @@ fn ms_between(from: Instant, to: Instant) -> f64 {
     }
 }
 
-/// Nearest-rank percentile of sorted samples.
-fn percentile(sorted: &[f64], q: f64) -> f64 {
-    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    sorted[rank - 1]
-}
-
 fn row(what: &str, samples: &[f64], target: &str) -> String {
-    let mut s = samples.to_vec();
-    s.sort_by(f64::total_cmp);
-    if s.is_empty() {
+    let Some(s) = Sorted::of(samples) else {
         return format!("| {what} | 0 | – | – | – | – | {target} |");
-    }
+    };
     format!(
         "| {what} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {target} |",
         s.len(),
-        percentile(&s, 0.5),
-        percentile(&s, 0.9),
-        percentile(&s, 0.99),
-        s[s.len() - 1]
+        s.median(),
+        s.quantile(0.9),
+        s.quantile(0.99),
+        s.max()
     )
 }
 

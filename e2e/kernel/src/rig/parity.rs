@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 
 use super::report::KernelReport;
-use crate::protocol::{BENCH_QUANTITIES, TestRecord, USERSPACE_SUFFIX, Verdict};
+use crate::protocol::{BENCH_QUANTITIES, TestOutcome, TestRecord, USERSPACE_SUFFIX};
 
 /// The longest part of a summary shown in a cell: the figures that decided the verdict come first.
 const CELL: usize = 58;
@@ -30,10 +30,10 @@ fn find<'a>(kernel: &'a KernelReport, test: &str) -> Option<&'a TestRecord> {
 
 fn cell(record: Option<&TestRecord>) -> String {
     let Some(r) = record else { return "-".to_owned() };
-    let verdict = format!("{:?}", r.verdict).to_lowercase();
+    let outcome = format!("{:?}", r.outcome).to_lowercase();
     let summary: String = r.summary.chars().take(CELL).collect();
     let cut = if r.summary.chars().count() > CELL { "…" } else { "" };
-    format!("{verdict} {summary}{cut}")
+    format!("{outcome} {summary}{cut}")
 }
 
 /// One row per paired test and kernel: the tc run's verdict and figures, then the userspace run's; `-` where a
@@ -87,9 +87,9 @@ pub fn render_bench(kernels: &[KernelReport]) -> String {
         let _ = write!(out, "  {what:<width$}", width = width);
         for (_, record) in &columns {
             let value = record.measurements.get(key).and_then(serde_json::Value::as_f64);
-            let cell = match (record.verdict, value) {
-                (Verdict::Pass, Some(v)) if v.abs() < 10.0 => format!("{v:.2}"),
-                (Verdict::Pass, Some(v)) => format!("{v:.0}"),
+            let cell = match (record.outcome, value) {
+                (TestOutcome::Pass, Some(v)) if v.abs() < 10.0 => format!("{v:.2}"),
+                (TestOutcome::Pass, Some(v)) => format!("{v:.0}"),
                 _ => "failed".to_owned(),
             };
             let _ = write!(out, "  {cell:>18}");

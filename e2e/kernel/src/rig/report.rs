@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use super::rules::Resolved;
-use crate::protocol::{ConsoleLine, TestRecord, Verdict, parse_line};
+use crate::protocol::{ConsoleLine, TestOutcome, TestRecord, parse_line};
 
 /// How one boot went, as the host saw it.
 #[derive(Debug, Clone, Serialize)]
@@ -120,7 +120,7 @@ impl KernelReport {
     }
 
     pub fn failed(&self) -> Vec<&str> {
-        self.results.iter().filter(|r| r.record.verdict == Verdict::Fail).map(|r| r.record.test.as_str()).collect()
+        self.results.iter().filter(|r| r.record.outcome == TestOutcome::Fail).map(|r| r.record.test.as_str()).collect()
     }
 
     pub fn ok(&self) -> bool {
@@ -134,7 +134,7 @@ impl KernelReport {
         let tests = self
             .results
             .iter()
-            .filter(|r| r.record.verdict == Verdict::Fail)
+            .filter(|r| r.record.outcome == TestOutcome::Fail)
             .map(|r| format!("FAILED: {}/{}: {}", self.kernel, r.record.test, r.record.summary));
         problem.chain(tests).collect()
     }
@@ -150,7 +150,7 @@ impl KernelReport {
     /// boot's record is kept beside it and named in the summary.
     pub fn merge_rerun(&mut self, rerun: KernelReport) {
         for row in &mut self.results {
-            if row.record.verdict != Verdict::Fail {
+            if row.record.outcome != TestOutcome::Fail {
                 continue;
             }
             let again = rerun.results.iter().find(|r| r.record.test == row.record.test).map(|r| r.record.clone());
@@ -161,7 +161,7 @@ impl KernelReport {
             let first = std::mem::replace(&mut row.record, again);
             row.record.summary = format!(
                 "{} in a fresh boot: {} [first boot failed: {}]",
-                if row.record.verdict == Verdict::Fail { "failed again" } else { "passed" },
+                if row.record.outcome == TestOutcome::Fail { "failed again" } else { "passed" },
                 row.record.summary,
                 first.summary
             );
@@ -200,16 +200,16 @@ impl KernelReport {
         let _ = writeln!(out, "  {:<width$}  verdict  time(s)  summary", "test");
         for r in &self.results {
             let r = &r.record;
-            let verdict = format!("{:?}", r.verdict).to_lowercase();
+            let outcome = format!("{:?}", r.outcome).to_lowercase();
             let _ = writeln!(
                 out,
-                "  {:<width$}  {verdict:<7}  {:7.1}  {}",
+                "  {:<width$}  {outcome:<7}  {:7.1}  {}",
                 r.test,
                 r.duration_ms as f64 / 1000.0,
                 r.summary
             );
         }
-        for r in self.results.iter().filter(|r| r.record.verdict == Verdict::Fail && !r.record.output.is_empty()) {
+        for r in self.results.iter().filter(|r| r.record.outcome == TestOutcome::Fail && !r.record.output.is_empty()) {
             let _ = writeln!(out, "\n  --- {} output ---", r.record.test);
             for l in r.record.output.lines() {
                 let _ = writeln!(out, "  | {l}");
@@ -234,7 +234,7 @@ fn missing(test: &str, kernel: &str, why: &str) -> TestRecord {
         test: test.into(),
         kernel: kernel.into(),
         backend: String::new(),
-        verdict: Verdict::Fail,
+        outcome: TestOutcome::Fail,
         duration_ms: 0,
         summary: why.into(),
         output: String::new(),
@@ -266,7 +266,7 @@ fn xml(text: &str) -> String {
 pub fn junit(kernels: &[KernelReport]) -> String {
     let mut x = String::from("<?xml version='1.0' encoding='utf-8'?>\n<testsuites name=\"isthmus-kernel-tests\">");
     for k in kernels {
-        let skipped = k.results.iter().filter(|r| r.record.verdict == Verdict::Skip).count();
+        let skipped = k.results.iter().filter(|r| r.record.outcome == TestOutcome::Skip).count();
         let _ = write!(
             x,
             "<testsuite name=\"{}\" tests=\"{}\" failures=\"{}\" skipped=\"{skipped}\">",
@@ -282,14 +282,14 @@ pub fn junit(kernels: &[KernelReport]) -> String {
                 xml(&r.test),
                 r.duration_ms as f64 / 1000.0
             );
-            match r.verdict {
-                Verdict::Fail => {
+            match r.outcome {
+                TestOutcome::Fail => {
                     let _ = write!(x, "<failure message=\"{}\">{}</failure>", xml(&r.summary), xml(&r.output));
                 }
-                Verdict::Skip => {
+                TestOutcome::Skip => {
                     let _ = write!(x, "<skipped message=\"{}\" />", xml(&r.summary));
                 }
-                Verdict::Pass => {}
+                TestOutcome::Pass => {}
             }
             let _ = write!(x, "<system-out>{}</system-out></testcase>", xml(&r.output));
         }

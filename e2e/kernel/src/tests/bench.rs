@@ -16,12 +16,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, ensure};
 use isthmus_agent_api::ImpairmentFields;
+use isthmus_test_kit::stats::{median, quantile};
 
 use isthmus_kernel_tests::protocol::BENCH_QUANTITIES as QUANTITIES;
 
 use super::emulator::Emulation;
 use crate::harness::{Ctx, Outcome, Test};
-use crate::netns::Link;
+use crate::netns::VethPair;
 use crate::traffic::{Bulk, StreamSpec, stream};
 
 pub const RUNS: usize = 3;
@@ -57,24 +58,14 @@ fn bench(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
     Ok(Outcome::Pass)
 }
 
-fn median(values: &[f64]) -> f64 {
-    quantile(values, 0.5)
-}
-
-fn quantile(values: &[f64], q: f64) -> f64 {
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    v[((v.len() - 1) as f64 * q).round() as usize]
-}
-
 fn ms(v: u64) -> Option<Duration> {
     Some(Duration::from_millis(v))
 }
 
 /// One-way delays (ms) of 1,000 datagrams 1 ms apart; every one must arrive.
-fn delays(link: &Link, destination: Ipv4Addr, port: u16) -> anyhow::Result<Vec<f64>> {
+fn delays(pair: &VethPair, destination: Ipv4Addr, port: u16) -> anyhow::Result<Vec<f64>> {
     let r =
-        stream(link, destination, port, &StreamSpec::new(1000, Duration::from_millis(1), Duration::from_millis(300)))?;
+        stream(pair, destination, port, &StreamSpec::new(1000, Duration::from_millis(1), Duration::from_millis(300)))?;
     ensure!(r.lost() == 0, "{} of {} datagrams to {destination} lost: no delay figure", r.lost(), r.sent);
     Ok(r.delays_ms())
 }
@@ -89,18 +80,18 @@ fn busy_jiffies() -> anyhow::Result<u64> {
 }
 
 /// Goodput (Mbit/s) of one TCP flow for `secs`, and the cores the kernel was busy meanwhile per Gbit/s.
-fn tcp(link: &Link, destination: Ipv4Addr, port: u16, secs: u64) -> anyhow::Result<(f64, f64)> {
+fn tcp(pair: &VethPair, destination: Ipv4Addr, port: u16, secs: u64) -> anyhow::Result<(f64, f64)> {
     let (busy, start) = (busy_jiffies()?, Instant::now());
-    let r = Bulk::start(link, destination, port, Duration::from_secs(secs))?.finish()?;
+    let r = Bulk::start(pair, destination, port, Duration::from_secs(secs))?.finish()?;
     let cores = (busy_jiffies()? - busy) as f64 / 100.0 / start.elapsed().as_secs_f64();
     ensure!(r.goodput_bps > 0.0, "nothing arrived over TCP to {destination}");
     Ok((r.goodput_bps / 1e6, cores / (r.goodput_bps / 1e9)))
 }
 
 fn one_run(ctx: &mut Ctx, i: usize) -> anyhow::Result<[f64; QUANTITIES.len()]> {
-    let link = Link::new(&format!("bench{i}"), 5)?;
+    let pair = VethPair::new(&format!("bench{i}"), 5)?;
     let [zero, twenty, gig, gig50, free] =
-        <[Ipv4Addr; 5]>::try_from(link.destinations.clone()).map_err(|_| anyhow::anyhow!("five destinations"))?;
+        <[Ipv4Addr; 5]>::try_from(pair.destinations.clone()).map_err(|_| anyhow::anyhow!("five destinations"))?;
     let gbit = Some(1_000_000_000);
     let impaired = [
         (zero, ImpairmentFields { latency: ms(0), ..Default::default() }),
@@ -108,15 +99,15 @@ fn one_run(ctx: &mut Ctx, i: usize) -> anyhow::Result<[f64; QUANTITIES.len()]> {
         (gig, ImpairmentFields { latency: ms(0), rate_bps: gbit, ..Default::default() }),
         (gig50, ImpairmentFields { latency: ms(50), rate_bps: gbit, ..Default::default() }),
     ];
-    let emulation = Emulation::open(ctx, &link, ctx.via)?;
+    let emulation = Emulation::open(ctx, &pair, ctx.via)?;
     emulation.reconcile(ctx, &super::datapath::desired(&impaired)?)?;
-    let base = median(&delays(&link, free, 9100)?);
-    let added = median(&delays(&link, zero, 9101)?) - base;
-    let errors: Vec<f64> = delays(&link, twenty, 9102)?.iter().map(|d| d - 20.0 - base).collect();
-    let (tcp_gig, cpu) = tcp(&link, gig, 9103, 3)?;
-    let (tcp_gig50, _) = tcp(&link, gig50, 9104, 4)?;
-    let (ceiling, _) = tcp(&link, zero, 9105, 3)?;
-    let (tcp_free, cpu_free) = tcp(&link, free, 9106, 3)?;
+    let base = median(&delays(&pair, free, 9100)?);
+    let added = median(&delays(&pair, zero, 9101)?) - base;
+    let errors: Vec<f64> = delays(&pair, twenty, 9102)?.iter().map(|d| d - 20.0 - base).collect();
+    let (tcp_gig, cpu) = tcp(&pair, gig, 9103, 3)?;
+    let (tcp_gig50, _) = tcp(&pair, gig50, 9104, 4)?;
+    let (ceiling, _) = tcp(&pair, zero, 9105, 3)?;
+    let (tcp_free, cpu_free) = tcp(&pair, free, 9106, 3)?;
     Ok([
         added * 1e3,
         quantile(&errors, 0.5) * 1e3,

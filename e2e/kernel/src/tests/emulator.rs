@@ -14,7 +14,7 @@ use isthmus_datapaths::userspace::capture::POD_END;
 use isthmus_datapaths::userspace::{PodEmulation, Userspace};
 
 use crate::harness::{Ctx, Via};
-use crate::netns::{Link, SOURCE_IF};
+use crate::netns::{SOURCE_IF, VethPair};
 
 /// What one reconcile did, in terms both datapaths share.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,16 +72,16 @@ pub enum Emulation {
 }
 
 impl Emulation {
-    /// The datapath of `via`, on namespace `a` of `link`, empty.
-    pub fn open(ctx: &Ctx, link: &Link, via: Via) -> anyhow::Result<Emulation> {
+    /// The datapath of `via`, on namespace `a` of `pair`, empty.
+    pub fn open(ctx: &Ctx, pair: &VethPair, via: Via) -> anyhow::Result<Emulation> {
         Ok(match via {
-            Via::Tc => Emulation::Tc(ctx.runtime.block_on(Datapath::open(link.a.fd())).context("opening tc")?),
+            Via::Tc => Emulation::Tc(ctx.runtime.block_on(Datapath::open(pair.a.fd())).context("opening tc")?),
             Via::Userspace => {
                 let userspace = ctx
                     .runtime
                     .block_on(Userspace::start(isthmus_datapaths::userspace::budget::DEFAULT_BYTES))
                     .context("starting the userspace loop")?;
-                let pod_ns = AgentNetns::open(format!("/run/netns/{}", link.a.name).as_ref())?;
+                let pod_ns = AgentNetns::open(format!("/run/netns/{}", pair.a.name()).as_ref())?;
                 Emulation::Userspace { pod: userspace.open(Arc::new(pod_ns)), _userspace: userspace }
             }
         })
@@ -135,11 +135,11 @@ impl Emulation {
 
     /// The kernel's own account of what is installed, from iproute2 in the guest: the qdiscs, or the capture's
     /// interface and routes.
-    pub fn show(&self, link: &Link) -> anyhow::Result<String> {
+    pub fn show(&self, pair: &VethPair) -> anyhow::Result<String> {
         match self {
-            Emulation::Tc(_) => link.tc_show("qdisc"),
+            Emulation::Tc(_) => pair.tc_show("qdisc"),
             Emulation::Userspace { .. } => {
-                Ok(format!("{}{}", link.a.ip(&["-o", "link", "show"])?, link.a.ip(&["route", "show", "table", "all"])?))
+                Ok(format!("{}{}", pair.a.ip(&["-o", "link", "show"])?, pair.a.ip(&["route", "show", "table", "all"])?))
             }
         }
     }

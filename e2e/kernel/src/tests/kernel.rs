@@ -8,7 +8,7 @@ use anyhow::{Context, ensure};
 
 use super::expect;
 use crate::harness::{Backend, Ctx, Outcome, Test};
-use crate::netns::{Link, Netns, SOURCE_IF};
+use crate::netns::{Netns, SOURCE_IF, VethPair};
 use crate::traffic::{StreamSpec, stream};
 
 pub fn tests() -> Vec<Test> {
@@ -96,10 +96,10 @@ fn probe_spec() -> StreamSpec {
 
 /// The veth path without any qdisc: the base one-way delay the other tests' tolerances sit on.
 fn baseline_no_qdisc(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
-    let link = Link::new("baseline", 1)?;
-    let dst = link.destinations[0];
+    let pair = VethPair::new("baseline", 1)?;
+    let dst = pair.destinations[0];
     ctx.with_retries("baseline", |ctx| {
-        let r = stream(&link, dst, 7000, &probe_spec())?;
+        let r = stream(&pair, dst, 7000, &probe_spec())?;
         let d = r.delay()?;
         ctx.record("delay_ms", d);
         ctx.log(format!(
@@ -127,8 +127,8 @@ fn baseline_no_qdisc(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
 /// The research's tree installed by `tc` (HTB → TBF → netem 20 ms, u32 on the destination, catch-all): shows
 /// the rig measures a known configuration correctly, whatever state the datapath library is in.
 fn reference_tree_iproute2(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
-    let link = Link::new("reference", 1)?;
-    let dst = link.destinations[0].to_string();
+    let pair = VethPair::new("reference", 1)?;
+    let dst = pair.destinations[0].to_string();
     let d = SOURCE_IF;
     for step in [
         vec!["qdisc", "add", "dev", d, "root", "handle", "1:", "htb", "default", "2"],
@@ -159,16 +159,16 @@ fn reference_tree_iproute2(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
             "1:1",
         ],
     ] {
-        link.a.tc(&step)?;
+        pair.a.tc(&step)?;
     }
     ctx.with_retries("reference", |ctx| {
-        let r = stream(&link, link.destinations[0], 7001, &probe_spec())?;
+        let r = stream(&pair, pair.destinations[0], 7001, &probe_spec())?;
         let s = r.delay()?;
         ctx.record("delay_ms", s);
         expect::delay_and_mean_near(ctx, "netem 20ms via tc", &s, 20.0, 0.0)?;
         ensure!(r.lost() == 0, "lost {} of {} packets with no loss configured", r.lost(), r.sent);
         Ok(())
     })?;
-    ctx.log(link.tc_show("qdisc")?);
+    ctx.log(pair.tc_show("qdisc")?);
     Ok(Outcome::Pass)
 }

@@ -15,7 +15,7 @@ use isthmus_datapaths::datapath::{DesiredState, QueueBudget};
 
 use super::emulator::Emulation;
 use crate::harness::{Ctx, Outcome, Test, Via};
-use crate::netns::Link;
+use crate::netns::VethPair;
 use crate::traffic::{Gso, flood, flood_gso};
 
 pub fn tests() -> Vec<Test> {
@@ -46,7 +46,7 @@ const PER_POD: u64 = MIN_BYTES_PER_POD;
 /// TBF alone with that `queueLimit`. A 10 s UDP flood to all three; each queue's backlog (the kernel's counters,
 /// read over netlink by the datapath's `observe`, or the userspace loop's emulators') stays within its bound and together within the pod's budget.
 fn queue_bound_under_flood(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
-    let link = Link::new("queue", 3)?;
+    let pair = VethPair::new("queue", 3)?;
     let budget = QueueBudget::new(PER_DESTINATION, PER_POD)?;
     let hour = Some(Duration::from_secs(3600));
     let most = Some(MAX_QUEUE_LIMIT_PACKETS);
@@ -55,7 +55,7 @@ fn queue_bound_under_flood(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
         ImpairmentFields { latency: hour, queue_limit_packets: most, ..Default::default() },
         ImpairmentFields { rate_bps: Some(1_000_000), queue_limit_packets: most, ..Default::default() },
     ];
-    let destinations: Vec<(IpNet, Impairment)> = link
+    let destinations: Vec<(IpNet, Impairment)> = pair
         .destinations
         .iter()
         .zip(impairments)
@@ -72,12 +72,12 @@ fn queue_bound_under_flood(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
         "the explicit queueLimits are not reported as cut to {packets} packets: {caps:?}"
     );
 
-    let dp = Emulation::open(ctx, &link, ctx.via)?;
+    let dp = Emulation::open(ctx, &pair, ctx.via)?;
     let report = dp.reconcile(ctx, &desired).context("reconcile")?;
     ctx.log(format!("{:?} reconcile: {report:?}", ctx.via));
     if ctx.via == Via::Tc {
         // (iproute2 6.1 prints netem's delay from the legacy ticks field, which saturates at 275 s.)
-        let qdiscs = link.tc_show("qdisc")?;
+        let qdiscs = pair.tc_show("qdisc")?;
         ensure!(
             qdiscs.matches("qdisc netem").count() == 2
                 && qdiscs.matches(&format!("limit {packets} delay")).count() == 2,
@@ -87,11 +87,11 @@ fn queue_bound_under_flood(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
 
     let started = Instant::now();
     let payload = 1400;
-    let sent = flood(&link, &link.destinations, 9000, payload, FLOOD_FOR, FLOOD_MAX_PACKETS)?;
+    let sent = flood(&pair, &pair.destinations, 9000, payload, FLOOD_FOR, FLOOD_MAX_PACKETS)?;
     let took = started.elapsed();
     let observed = dp.counters(ctx)?;
     ctx.log(format!("flooded {sent} datagrams of {payload} bytes in {took:?}; counters: {observed:?}"));
-    ctx.log(format!("installed:\n{}", dp.show(&link)?));
+    ctx.log(format!("installed:\n{}", dp.show(&pair)?));
     ctx.record("flood_packets", sent);
     ctx.record("bound_packets", packets);
     ctx.summarize(format!("{sent} datagrams in {:.1} s", took.as_secs_f64()));
@@ -152,10 +152,10 @@ const GSO_PACKETS: u64 = 300;
 /// 454,200-byte bound; after: 300 frames, 432,600 bytes). The TBF cuts them into frames first, so the queue holds at most its
 /// limit of packets of at most its largest packet (a frame and at most one tick of 100 Gbit/s, 800 bytes).
 fn queue_bound_under_gso_flood(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
-    let link = Link::new("gso", 1)?;
+    let pair = VethPair::new("gso", 1)?;
     let budget = QueueBudget::new(GSO_PACKETS * FRAME_BYTES, MIN_BYTES_PER_POD)?;
     let hour = ImpairmentFields { latency: Some(Duration::from_secs(3600)), ..Default::default() };
-    let destination = IpNet::from(IpAddr::V4(link.destinations[0]));
+    let destination = IpNet::from(IpAddr::V4(pair.destinations[0]));
     let desired = DesiredState::with_budget([(destination, Impairment::try_from(hour)?)], budget)?;
     // The rig's veths have the default MTU, as the datapath reads it when it applies the state.
     let bound = desired.queue_bound().with_mtu(1500);
@@ -164,14 +164,14 @@ fn queue_bound_under_gso_flood(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
     let seg = segmenting_tbf(bound);
     let largest = u64::from(tbf_burst_for_ticks(seg.rate_bytes_per_sec, seg.buffer_ticks).context("a bucket")?);
 
-    let dp = Emulation::open(ctx, &link, ctx.via)?;
+    let dp = Emulation::open(ctx, &pair, ctx.via)?;
     dp.reconcile(ctx, &desired).context("reconcile")?;
     let started = Instant::now();
-    let sent = flood_gso(&link, &link.destinations, 9000, GSO, Duration::from_secs(5), 3 * GSO_PACKETS / 5)?;
+    let sent = flood_gso(&pair, &pair.destinations, 9000, GSO, Duration::from_secs(5), 3 * GSO_PACKETS / 5)?;
     let took = started.elapsed();
     let observed = dp.counters(ctx)?;
     ctx.log(format!("sent {sent} datagrams of {GSO:?} in {took:?}; counters: {observed:?}"));
-    ctx.log(format!("installed:\n{}", dp.show(&link)?));
+    ctx.log(format!("installed:\n{}", dp.show(&pair)?));
     let c = observed.iter().find(|(d, _)| *d == destination).map(|(_, c)| *c).context("destination not observed")?;
     ctx.record("gso_datagrams", sent);
     ctx.record("backlog_bytes", c.backlog_bytes);

@@ -12,7 +12,7 @@ use isthmus_datapaths::datapath::units::burst_bytes;
 
 use super::datapath::{desired, install, spec, warm_up};
 use crate::harness::{Ctx, Outcome, Test};
-use crate::netns::Link;
+use crate::netns::VethPair;
 use crate::traffic::{Stream, UDP_L2_OVERHEAD, now_ns};
 
 pub fn tests() -> Vec<Test> {
@@ -31,10 +31,10 @@ fn fields(bps: u64) -> ImpairmentFields {
 }
 
 fn rate_windows(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
-    let link = Link::new("windows", 1)?;
-    let dst = link.destinations[0];
-    let (dp, _) = install(ctx, &link, &[(dst, fields(RATES_BPS[0]))])?;
-    warm_up(&link, dst, 8400)?;
+    let pair = VethPair::new("windows", 1)?;
+    let dst = pair.destinations[0];
+    let (dp, _) = install(ctx, &pair, &[(dst, fields(RATES_BPS[0]))])?;
+    warm_up(&pair, dst, 8400)?;
     let frame = (PAYLOAD + UDP_L2_OVERHEAD) as f64;
     ctx.with_retries("windows", |ctx| {
         // a retry starts from the first window's rate, as a trace's next loop does
@@ -42,7 +42,7 @@ fn rate_windows(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
         let span = WINDOW * RATES_BPS.len() as u32 + Duration::from_millis(300);
         let mut s = spec((span.as_micros() as u64 / INTERVAL_US) as u32, INTERVAL_US, 500);
         s.payload = PAYLOAD;
-        let stream = Stream::start(&link, dst, 8401, &s)?;
+        let stream = Stream::start(&pair, dst, 8401, &s)?;
         // the window k runs from bounds[k] to bounds[k + 1]; each switch is taken to happen when its reconcile
         // returned, and the time it took is allowed at both rates
         let start = now_ns();

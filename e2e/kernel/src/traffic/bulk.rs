@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
-use crate::netns::Link;
+use super::enter;
+use crate::netns::VethPair;
 
 /// TCP bulk transfer from `a` to a destination in `b` for a bounded time.
 pub struct Bulk {
@@ -22,9 +23,9 @@ pub struct BulkResult {
 }
 
 impl Bulk {
-    pub fn start(link: &Link, destination: Ipv4Addr, port: u16, duration: Duration) -> anyhow::Result<Bulk> {
+    pub fn start(pair: &VethPair, destination: Ipv4Addr, port: u16, duration: Duration) -> anyhow::Result<Bulk> {
         let at = SocketAddrV4::new(destination, port);
-        let listener = link.b.enter(move || {
+        let listener = enter(&pair.b, move || {
             let l = TcpListener::bind(at).with_context(|| format!("listening on {at}"))?;
             l.set_nonblocking(true)?;
             Ok(l)
@@ -60,7 +61,7 @@ impl Bulk {
             }
             Ok((bytes, first.map(|f| last - f).unwrap_or_default()))
         });
-        let client_ns = link.a.enter(move || {
+        let client_ns = enter(&pair.a, move || {
             let s = TcpStream::connect_timeout(&at.into(), Duration::from_secs(5))
                 .with_context(|| format!("connecting to {at}"))?;
             s.set_write_timeout(Some(Duration::from_millis(100)))?;

@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::bail;
 
-use super::set_int_opt;
-use crate::netns::{Link, SOURCE_ADDR};
+use super::{enter, set_int_opt};
+use crate::netns::{SOURCE_ADDR, VethPair};
 
 /// `linux/udp.h` (not in every libc target's bindings).
 const UDP_SEGMENT: i32 = 103;
@@ -25,19 +25,19 @@ pub struct Gso {
 /// packets a TBF holds stay charged to it (netem's are not), and a full buffer would pace the whole flood to the
 /// slowest destination.
 pub fn flood(
-    link: &Link,
+    pair: &VethPair,
     destinations: &[Ipv4Addr],
     port: u16,
     payload: usize,
     duration: Duration,
     max_packets: u64,
 ) -> anyhow::Result<u64> {
-    flood_with(link, destinations, port, payload, None, duration, max_packets)
+    flood_with(pair, destinations, port, payload, None, duration, max_packets)
 }
 
 /// [`flood`] by a GSO sender: each datagram is `gso.segments` datagrams of `gso.segment` bytes in one send.
 pub fn flood_gso(
-    link: &Link,
+    pair: &VethPair,
     destinations: &[Ipv4Addr],
     port: u16,
     gso: Gso,
@@ -45,11 +45,11 @@ pub fn flood_gso(
     max_packets: u64,
 ) -> anyhow::Result<u64> {
     let payload = usize::from(gso.segment) * usize::from(gso.segments);
-    flood_with(link, destinations, port, payload, Some(gso), duration, max_packets)
+    flood_with(pair, destinations, port, payload, Some(gso), duration, max_packets)
 }
 
 fn flood_with(
-    link: &Link,
+    pair: &VethPair,
     destinations: &[Ipv4Addr],
     port: u16,
     payload: usize,
@@ -57,7 +57,7 @@ fn flood_with(
     duration: Duration,
     max_packets: u64,
 ) -> anyhow::Result<u64> {
-    let socket = link.a.enter(move || {
+    let socket = enter(&pair.a, move || {
         let s = UdpSocket::bind(SocketAddrV4::new(SOURCE_ADDR, 0))?;
         set_int_opt(&s, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, 64 << 20)?;
         if let Some(gso) = gso {

@@ -5,7 +5,9 @@
 //! whole payload, so one stream yields delay, loss, duplication, corruption and reordering.
 //! Every loop here is bounded in packets and in time.
 //!
-//! - `stream`: a UDP stream and what its receiver saw (delay, loss, duplication, corruption, order, goodput);
+//! - `stream`: a UDP stream, its sender and its receiver;
+//! - `result`: what the receiver saw and the figures read from it (delay, loss and its bursts, duplication,
+//!   corruption, order, goodput), pure;
 //! - `bulk`: TCP bulk for a bounded time;
 //! - `flood`: datagrams nobody receives, to fill a queue;
 //! - `guest`: the guest kernel's own counters read around a stream (CPU time, input backlog drops).
@@ -16,15 +18,19 @@ use std::time::Instant;
 
 use anyhow::Context;
 
+use crate::netns::Netns;
+
 mod bulk;
 mod flood;
 mod guest;
+mod result;
 mod stream;
 
 pub use bulk::Bulk;
 pub use flood::{Gso, flood, flood_gso};
 pub use guest::{CpuTimes, backlog_drops};
-pub use stream::{Stream, StreamResult, StreamSpec, stream};
+pub use result::StreamResult;
+pub use stream::{Stream, StreamSpec, stream};
 
 const HEADER: usize = 16; // seq u32, packets in the stream u32, send time u64
 const TRAILER: usize = 8; // FNV-1a over everything before it
@@ -39,6 +45,11 @@ pub fn now_ns() -> u64 {
 
 fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
+}
+
+/// Runs `f` on a thread inside `ns` (`isthmus_test_kit::netns::run_in`), with anyhow's errors.
+fn enter<T: Send>(ns: &Netns, f: impl FnOnce() -> anyhow::Result<T> + Send) -> anyhow::Result<T> {
+    ns.enter(f)?
 }
 
 fn set_int_opt(sock: &impl AsRawFd, level: i32, name: i32, value: i32) -> anyhow::Result<()> {

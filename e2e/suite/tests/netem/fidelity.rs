@@ -3,6 +3,7 @@
 //! band, or a failed run, is a row of the table (docs/benchmarks.md keeps a dated copy).
 
 use isthmus_e2e::verdict::Kind;
+use isthmus_test_kit::stats::median;
 
 use crate::fixture::Fixture;
 use crate::{Outcome, Scenario, run_one};
@@ -16,12 +17,6 @@ pub fn run(fixture: &Fixture, selected: &[&Scenario], runs: u32) -> String {
         }
     }
     table(&outcomes)
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
 }
 
 fn fmt(x: f64) -> String {
@@ -57,8 +52,8 @@ pub fn table(outcomes: &[Outcome]) -> String {
             let seen: Vec<_> =
                 runs.iter().flat_map(|o| &o.figures).filter(|f| f.what == what && f.kind == kind).collect();
             let measured: Vec<f64> = seen.iter().map(|f| f.measured).collect();
-            let (lo, hi) =
-                (median(seen.iter().map(|f| f.band.0).collect()), median(seen.iter().map(|f| f.band.1).collect()));
+            let bands: (Vec<f64>, Vec<f64>) = seen.iter().map(|f| f.band).unzip();
+            let (lo, hi) = (median(&bands.0), median(&bands.1));
             let (min, max) =
                 measured.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &m| (a.min(m), b.max(m)));
             rows.push(format!(
@@ -66,7 +61,7 @@ pub fn table(outcomes: &[Outcome]) -> String {
                 if kind == Kind::Gate { "gate" } else { "report" },
                 fmt(lo),
                 fmt(hi),
-                fmt(median(measured)),
+                fmt(median(&measured)),
                 fmt(min),
                 fmt(max),
                 seen.iter().filter(|f| f.holds()).count(),

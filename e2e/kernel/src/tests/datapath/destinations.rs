@@ -10,11 +10,11 @@ use super::*;
 
 /// Three destinations behind one interface: each gets its own impairment, the unlisted one none.
 pub(super) fn per_destination_independence(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
-    let link = Link::new("indep", 3)?;
-    let (d10, d40, free) = (link.destinations[0], link.destinations[1], link.destinations[2]);
+    let pair = VethPair::new("indep", 3)?;
+    let (d10, d40, free) = (pair.destinations[0], pair.destinations[1], pair.destinations[2]);
     let _installed = install(
         ctx,
-        &link,
+        &pair,
         &[
             (d10, ImpairmentFields { latency: ms(10), ..Default::default() }),
             (d40, ImpairmentFields { latency: ms(40), loss: Some(Loss::Random(chance(20.0))), ..Default::default() }),
@@ -22,7 +22,7 @@ pub(super) fn per_destination_independence(ctx: &mut Ctx) -> anyhow::Result<Outc
     )?;
     ctx.with_retries("independence", |ctx| {
         let streams = [(d10, 7901), (d40, 7902), (free, 7903)]
-            .map(|(d, port)| Stream::start(&link, d, port, &spec(400, 5000, 300)));
+            .map(|(d, port)| Stream::start(&pair, d, port, &spec(400, 5000, 300)));
         let [a, b, c] = streams;
         let (a, b, c) = (a?.finish()?, b?.finish()?, c?.finish()?);
         expect::concurrent_delay_near(ctx, "10ms dst", &a.delay()?, 10.0)?;
@@ -42,21 +42,21 @@ pub(super) fn per_destination_independence(ctx: &mut Ctx) -> anyhow::Result<Outc
 /// With a DRR root the 1 ms destination's median rose to tens of ms; with HTB it stays near 1 ms. The userspace
 /// datapath keeps a queue per destination too, and is held to the same.
 pub(super) fn head_of_line(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
-    let link = Link::new("hol", 2)?;
-    let (slow, fast) = (link.destinations[0], link.destinations[1]);
+    let pair = VethPair::new("hol", 2)?;
+    let (slow, fast) = (pair.destinations[0], pair.destinations[1]);
     let _installed = install(
         ctx,
-        &link,
+        &pair,
         &[
             (slow, ImpairmentFields { latency: ms(200), ..Default::default() }),
             (fast, ImpairmentFields { latency: ms(1), ..Default::default() }),
         ],
     )?;
-    warm_up(&link, fast, 8000)?;
+    warm_up(&pair, fast, 8000)?;
     ctx.with_retries("hol", |ctx| {
-        let bulk = Bulk::start(&link, slow, 8001, Duration::from_millis(3500))?;
+        let bulk = Bulk::start(&pair, slow, 8001, Duration::from_millis(3500))?;
         std::thread::sleep(Duration::from_millis(500));
-        let probe = stream(&link, fast, 8002, &spec(300, 10_000, 200))?;
+        let probe = stream(&pair, fast, 8002, &spec(300, 10_000, 200))?;
         let bulk = bulk.finish()?;
         let s = probe.delay()?;
         ctx.record("fast_delay_ms", s);
@@ -92,10 +92,10 @@ pub(super) fn head_of_line(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
 /// A duplicating destination beside another netem destination: a typed DuplicateRestriction on kernels
 /// that refuse it (bookworm's 6.1), installed and working on the others (7.x).
 pub(super) fn duplicate_restriction(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
-    let link = Link::new("duprestr", 2)?;
-    let (dup, plain) = (link.destinations[0], link.destinations[1]);
+    let pair = VethPair::new("duprestr", 2)?;
+    let (dup, plain) = (pair.destinations[0], pair.destinations[1]);
     let restricted = ctx.runtime.block_on(probe()).duplicate_restricted;
-    let dp = ctx.runtime.block_on(Datapath::open(link.a.fd()))?;
+    let dp = ctx.runtime.block_on(Datapath::open(pair.a.fd()))?;
     let state = desired(&[
         (dup, ImpairmentFields { latency: ms(5), duplicate: Some(chance(10.0)), ..Default::default() }),
         (plain, ImpairmentFields { latency: ms(10), ..Default::default() }),
@@ -121,10 +121,10 @@ pub(super) fn duplicate_restriction(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
             anyhow::bail!("this kernel accepts duplicating netems beside others, yet reconcile failed: {e}")
         }
         (false, Ok(_)) => {
-            ctx.log(format!("tc qdisc show:\n{}", link.tc_show("qdisc")?));
+            ctx.log(format!("tc qdisc show:\n{}", pair.tc_show("qdisc")?));
             ctx.with_retries("both destinations", |ctx| {
-                let a = Stream::start(&link, dup, 8101, &spec(1000, 1000, 300))?;
-                let b = Stream::start(&link, plain, 8102, &spec(300, 3300, 300))?;
+                let a = Stream::start(&pair, dup, 8101, &spec(1000, 1000, 300))?;
+                let b = Stream::start(&pair, plain, 8102, &spec(300, 3300, 300))?;
                 let (a, b) = (a.finish()?, b.finish()?);
                 expect::ratio_near(ctx, "duplicates", a.duplicate_ratio(), 0.10, a.sent as usize)?;
                 expect::concurrent_delay_near(ctx, "plain 10ms dst", &b.delay()?, 10.0)?;
@@ -140,20 +140,20 @@ pub(super) fn duplicate_restriction(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
 pub(super) fn latency_change_in_place(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
     // a retry starts over in fresh namespaces: the change under traffic happens once per attempt
     ctx.with_retries("change", |ctx| {
-        let link = Link::new("change", 2)?;
-        let (changed, other) = (link.destinations[0], link.destinations[1]);
+        let pair = VethPair::new("change", 2)?;
+        let (changed, other) = (pair.destinations[0], pair.destinations[1]);
         let lat = |v| ImpairmentFields { latency: ms(v), ..Default::default() };
-        let (dp, _) = install(ctx, &link, &[(changed, lat(10)), (other, lat(10))])?;
-        warm_up(&link, other, 8200)?;
-        warm_up(&link, changed, 8201)?;
-        let steady = Stream::start(&link, other, 8202, &spec(1500, 2000, 300))?;
-        let moving = Stream::start(&link, changed, 8203, &spec(600, 5000, 300))?;
+        let (dp, _) = install(ctx, &pair, &[(changed, lat(10)), (other, lat(10))])?;
+        warm_up(&pair, other, 8200)?;
+        warm_up(&pair, changed, 8201)?;
+        let steady = Stream::start(&pair, other, 8202, &spec(1500, 2000, 300))?;
+        let moving = Stream::start(&pair, changed, 8203, &spec(600, 5000, 300))?;
         std::thread::sleep(Duration::from_millis(1000));
         let changed_at = std::time::Instant::now();
         let report = dp.reconcile(ctx, &desired(&[(changed, lat(30)), (other, lat(10))])?)?;
         let took = changed_at.elapsed();
         let (steady, moving) = (steady.finish()?, moving.finish()?);
-        ctx.log(format!("change took {took:?}: {report:?}\n{}", dp.show(&link)?));
+        ctx.log(format!("change took {took:?}: {report:?}\n{}", dp.show(&pair)?));
         ctx.record("change_ms", took.as_secs_f64() * 1e3);
         ctx.record("other_lost", steady.lost());
         ctx.record("changed_lost", moving.lost());
@@ -184,15 +184,15 @@ pub(super) fn latency_change_in_place(ctx: &mut Ctx) -> anyhow::Result<Outcome> 
 /// queue of 1,000; the datapath sizes the queue from the bandwidth-delay product, so nothing is dropped (with
 /// `queue_limit_packets: 1000` both datapaths drop a fifth of the stream, 2026-11-29).
 pub(super) fn queue_limit_from_bdp(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
-    let link = Link::new("bdp", 1)?;
-    let dst = link.destinations[0];
+    let pair = VethPair::new("bdp", 1)?;
+    let dst = pair.destinations[0];
     let configured = 4000.0;
     let (dp, _) = install(
         ctx,
-        &link,
+        &pair,
         &[(dst, ImpairmentFields { latency: ms(4000), rate_bps: Some(5_000_000), ..Default::default() })],
     )?;
-    warm_up(&link, dst, 8300)?;
+    warm_up(&pair, dst, 8300)?;
     ctx.with_retries("bdp", |ctx| {
         // 3.8 Mbit/s of 1400-byte payloads (333 a second) for 5 s under a 5 Mbit/s rate: about 1,330 packets in
         // the delay line at once, more than netem's default limit of 1,000. Few packets a second and a long delay
@@ -202,9 +202,9 @@ pub(super) fn queue_limit_from_bdp(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
         // and the loop behind its delay line (2026-11-29), which said nothing about the queue's limit.
         let mut s = spec(1650, 3000, 5000);
         s.payload = 1400;
-        let (r, place) = measured_stream(ctx, &dp, &link, dst, 8301, &s)?;
+        let (r, place) = measured_stream(ctx, &dp, &pair, dst, 8301, &s)?;
         ctx.record("loss_ratio", r.loss_ratio());
-        ctx.log(dp.show(&link)?);
+        ctx.log(dp.show(&pair)?);
         ctx.summarize(format!("lost {} of {} ({:.2}%): {place}", r.lost(), r.sent, r.loss_ratio() * 100.0));
         let planned = s.interval * (s.packets - 1);
         ensure!(

@@ -12,18 +12,18 @@ use super::*;
 /// it); a second identical reconcile changes nothing; the counters saw every packet; tc's tree reads back;
 /// reconcile(empty) removes everything.
 pub(super) fn delay(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
-    let link = Link::new("delay", 1)?;
-    let dst = link.destinations[0];
+    let pair = VethPair::new("delay", 1)?;
+    let dst = pair.destinations[0];
     let imp = ImpairmentFields { latency: ms(20), ..Default::default() };
-    let (dp, _) = install(ctx, &link, &[(dst, imp.clone())])?;
-    let shown = dp.show(&link)?;
+    let (dp, _) = install(ctx, &pair, &[(dst, imp.clone())])?;
+    let shown = dp.show(&pair)?;
     let expected = match ctx.via {
         Via::Tc => shown.contains("qdisc htb") && shown.contains("netem") && shown.contains("delay 20"),
         Via::Userspace => dp.shows_state(&shown) && shown.contains(&format!("{dst} dev {POD_END}")),
     };
     ensure!(expected, "the kernel does not show the {:?} datapath's state for a 20 ms destination:\n{shown}", ctx.via);
     let r = ctx.with_retries("delay", |ctx| {
-        let r = stream(&link, dst, 7100, &spec(300, 5000, 300))?;
+        let r = stream(&pair, dst, 7100, &spec(300, 5000, 300))?;
         let s = r.delay()?;
         ctx.record("delay_ms", s);
         expect::delay_and_mean_near(ctx, "delay 20ms", &s, 20.0, 0.0)?;
@@ -48,7 +48,7 @@ pub(super) fn delay(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
         ensure!(ctx.via == Via::Userspace, "installed() sees no isthmus tree");
     }
     dp.reconcile(ctx, &DesiredState::empty())?;
-    let after = dp.show(&link)?;
+    let after = dp.show(&pair)?;
     ensure!(!dp.shows_state(&after), "reconcile(empty) left:\n{after}");
     ensure!(dp.counters(ctx)?.is_empty(), "counters remain after reconcile(empty)");
     Ok(Outcome::Pass)
@@ -56,12 +56,12 @@ pub(super) fn delay(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
 
 /// Jitter ±10 ms around 30 ms is uniform: sd 10/√3 ≈ 5.77 ms, p10…p90 about 16 ms wide.
 pub(super) fn jitter(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
-    let link = Link::new("jitter", 1)?;
-    let dst = link.destinations[0];
+    let pair = VethPair::new("jitter", 1)?;
+    let dst = pair.destinations[0];
     let _installed =
-        install(ctx, &link, &[(dst, ImpairmentFields { latency: ms(30), jitter: ms(10), ..Default::default() })])?;
+        install(ctx, &pair, &[(dst, ImpairmentFields { latency: ms(30), jitter: ms(10), ..Default::default() })])?;
     ctx.with_retries("jitter", |ctx| {
-        let r = stream(&link, dst, 7200, &spec(400, 5000, 300))?;
+        let r = stream(&pair, dst, 7200, &spec(400, 5000, 300))?;
         let s = r.delay()?;
         ctx.record("delay_ms", s);
         expect::delay_and_mean_near(ctx, "jitter 30±10ms", &s, 30.0, 10.0)?;
@@ -79,16 +79,16 @@ pub(super) fn jitter(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
 }
 
 pub(super) fn loss_random(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
-    let link = Link::new("loss", 1)?;
-    let dst = link.destinations[0];
+    let pair = VethPair::new("loss", 1)?;
+    let dst = pair.destinations[0];
     let (dp, _) = install(
         ctx,
-        &link,
+        &pair,
         &[(dst, ImpairmentFields { loss: Some(Loss::Random(chance(10.0))), ..Default::default() })],
     )?;
     ctx.with_retries("loss", |ctx| {
         let before = drops(ctx, &dp, dst)?;
-        let (r, _) = measured_stream(ctx, &dp, &link, dst, 7300, &spec(2000, 500, 300))?;
+        let (r, _) = measured_stream(ctx, &dp, &pair, dst, 7300, &spec(2000, 500, 300))?;
         ctx.record("loss_ratio", r.loss_ratio());
         expect::ratio_near(ctx, "loss", r.loss_ratio(), 0.10, r.sent as usize)?;
         // The datapath's own count of its drops is what status and metrics report: each lost packet once. A
@@ -115,12 +115,12 @@ pub(super) fn loss_random(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
 /// Gilbert-Elliott p=5 %, r=40 %, all lost in the bad state, none in the good: a loss ratio of p/(p+r)
 /// ≈ 11.1 % in bursts of mean length 1/r = 2.5 (independent loss of that ratio gives bursts of about 1.1).
 pub(super) fn loss_gilbert_elliott(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
-    let link = Link::new("gemodel", 1)?;
-    let dst = link.destinations[0];
+    let pair = VethPair::new("gemodel", 1)?;
+    let dst = pair.destinations[0];
     let loss = Loss::GilbertElliott { p: pct(5.0), r: pct(40.0), loss_in_bad: pct(100.0), loss_in_good: pct(0.0) };
-    let (dp, _) = install(ctx, &link, &[(dst, ImpairmentFields { loss: Some(loss), ..Default::default() })])?;
+    let (dp, _) = install(ctx, &pair, &[(dst, ImpairmentFields { loss: Some(loss), ..Default::default() })])?;
     ctx.with_retries("gemodel", |ctx| {
-        let (r, _) = measured_stream(ctx, &dp, &link, dst, 7400, &spec(3000, 500, 300))?;
+        let (r, _) = measured_stream(ctx, &dp, &pair, dst, 7400, &spec(3000, 500, 300))?;
         let bursts = r.loss_bursts();
         let mean_burst = bursts.iter().sum::<usize>() as f64 / bursts.len().max(1) as f64;
         ctx.record("loss_ratio", r.loss_ratio());
@@ -149,12 +149,12 @@ pub(super) fn loss_gilbert_elliott(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
 }
 
 pub(super) fn duplicate(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
-    let link = Link::new("dup", 1)?;
-    let dst = link.destinations[0];
+    let pair = VethPair::new("dup", 1)?;
+    let dst = pair.destinations[0];
     let (dp, _) =
-        install(ctx, &link, &[(dst, ImpairmentFields { duplicate: Some(chance(10.0)), ..Default::default() })])?;
+        install(ctx, &pair, &[(dst, ImpairmentFields { duplicate: Some(chance(10.0)), ..Default::default() })])?;
     ctx.with_retries("duplicate", |ctx| {
-        let (r, _) = measured_stream(ctx, &dp, &link, dst, 7500, &spec(2000, 500, 300))?;
+        let (r, _) = measured_stream(ctx, &dp, &pair, dst, 7500, &spec(2000, 500, 300))?;
         ctx.record("duplicate_ratio", r.duplicate_ratio());
         expect::ratio_near(ctx, "duplicates", r.duplicate_ratio(), 0.10, r.sent as usize)?;
         ensure!(r.lost() == 0, "lost {} packets with only duplication configured", r.lost());
@@ -166,15 +166,15 @@ pub(super) fn duplicate(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
 /// netem flips one bit per corrupted frame anywhere in it; sent without a UDP checksum, a payload hit reaches
 /// the receiver and fails the payload checksum, a header hit is dropped on the way (counted as lost).
 pub(super) fn corrupt(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
-    let link = Link::new("corrupt", 1)?;
-    let dst = link.destinations[0];
+    let pair = VethPair::new("corrupt", 1)?;
+    let dst = pair.destinations[0];
     let (dp, _) =
-        install(ctx, &link, &[(dst, ImpairmentFields { corrupt: Some(chance(10.0)), ..Default::default() })])?;
+        install(ctx, &pair, &[(dst, ImpairmentFields { corrupt: Some(chance(10.0)), ..Default::default() })])?;
     ctx.with_retries("corrupt", |ctx| {
         let mut s = spec(2000, 500, 300);
         s.payload = 1000;
         s.no_udp_checksum = true;
-        let (r, _) = measured_stream(ctx, &dp, &link, dst, 7600, &s)?;
+        let (r, _) = measured_stream(ctx, &dp, &pair, dst, 7600, &s)?;
         // a corrupted datagram never arrives intact, so it is among the lost ones
         let hit = r.loss_ratio();
         ctx.record("corrupt_ratio", r.corrupt_ratio());
@@ -189,16 +189,16 @@ pub(super) fn corrupt(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
 
 /// Reordering 25 % with 20 ms latency: a quarter of the packets skip the delay (gap 0 means "any packet").
 pub(super) fn reorder(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
-    let link = Link::new("reorder", 1)?;
-    let dst = link.destinations[0];
+    let pair = VethPair::new("reorder", 1)?;
+    let dst = pair.destinations[0];
     let reorder = Reorder { percent: pct(25.0), correlation: Percent::ZERO, gap: 0 };
     let (dp, _) = install(
         ctx,
-        &link,
+        &pair,
         &[(dst, ImpairmentFields { latency: ms(20), reorder: Some(reorder), ..Default::default() })],
     )?;
     ctx.with_retries("reorder", |ctx| {
-        let (r, _) = measured_stream(ctx, &dp, &link, dst, 7700, &spec(1000, 2000, 300))?;
+        let (r, _) = measured_stream(ctx, &dp, &pair, dst, 7700, &spec(1000, 2000, 300))?;
         let early = r.delays_ms().iter().filter(|d| **d < 10.0).count() as f64 / r.unique_received().max(1) as f64;
         ctx.record("undelayed_ratio", early);
         ctx.record("out_of_order", r.out_of_order());
@@ -216,12 +216,12 @@ pub(super) fn reorder(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
 /// ~9 Mbit/s nor wakes its timers on time: at 10 Mbit/s with the default bucket (5 ms at the rate) the
 /// measurement showed the host's load, not TBF.
 pub(super) fn rate(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
-    let link = Link::new("rate", 1)?;
-    let dst = link.destinations[0];
+    let pair = VethPair::new("rate", 1)?;
+    let dst = pair.destinations[0];
     let rate = 3_000_000u64;
     let (dp, _) = install(
         ctx,
-        &link,
+        &pair,
         &[(dst, ImpairmentFields { rate_bps: Some(rate), burst_bytes: Some(32_000), ..Default::default() })],
     )?;
     let expected = rate as f64 * 1400.0 / (1400 + UDP_L2_OVERHEAD) as f64;
@@ -232,7 +232,7 @@ pub(super) fn rate(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
         // 4.5 Mbit/s offered for 2.5 s: the bucket's initial burst is skipped, then the queue stays busy
         let mut s = spec(1000, 2489, 500);
         s.payload = 1400;
-        let (r, _) = measured_stream(ctx, &dp, &link, dst, 7800, &s)?;
+        let (r, _) = measured_stream(ctx, &dp, &pair, dst, 7800, &s)?;
         let offered = r.offered_bps();
         ctx.record("offered_bps", offered);
         if offered < 1.2 * expected {

@@ -16,7 +16,7 @@ use isthmus_datapaths::userspace::capture::POD_END;
 
 use super::emulator::{Changes, Emulation};
 use crate::harness::{Backend, Ctx, Outcome, Run, Test, Via};
-use crate::netns::{Link, Netns, SOURCE_IF};
+use crate::netns::{Netns, SOURCE_IF, VethPair};
 use crate::stats::{Summary, binomial_band};
 use crate::traffic::{Bulk, CpuTimes, Stream, StreamResult, StreamSpec, UDP_L2_OVERHEAD, backlog_drops, stream};
 
@@ -78,13 +78,13 @@ pub(super) fn desired(destinations: &[(Ipv4Addr, ImpairmentFields)]) -> anyhow::
 #[must_use = "the userspace datapath ends when its emulation is dropped"]
 pub(super) fn install(
     ctx: &mut Ctx,
-    link: &Link,
+    pair: &VethPair,
     destinations: &[(Ipv4Addr, ImpairmentFields)],
 ) -> anyhow::Result<(Emulation, Changes)> {
-    let emulation = Emulation::open(ctx, link, ctx.via)?;
+    let emulation = Emulation::open(ctx, pair, ctx.via)?;
     let changes = emulation.reconcile(ctx, &desired(destinations)?).context("reconcile")?;
     ctx.log(format!("{:?} reconcile {destinations:?}: {changes:?}", ctx.via));
-    ctx.log(format!("installed:\n{}", emulation.show(link)?));
+    ctx.log(format!("installed:\n{}", emulation.show(pair)?));
     Ok((emulation, changes))
 }
 
@@ -98,9 +98,9 @@ fn drops(ctx: &Ctx, dp: &Emulation, destination: Ipv4Addr) -> anyhow::Result<u64
         .context("no counters for the destination")
 }
 
-pub(super) fn warm_up(link: &Link, destination: Ipv4Addr, port: u16) -> anyhow::Result<()> {
+pub(super) fn warm_up(pair: &VethPair, destination: Ipv4Addr, port: u16) -> anyhow::Result<()> {
     // resolves the neighbour, so no measured packet waits for ARP
-    stream(link, destination, port, &StreamSpec::new(3, Duration::from_millis(5), Duration::from_millis(100)))?;
+    stream(pair, destination, port, &StreamSpec::new(3, Duration::from_millis(5), Duration::from_millis(100)))?;
     Ok(())
 }
 
@@ -110,13 +110,13 @@ pub(super) fn warm_up(link: &Link, destination: Ipv4Addr, port: u16) -> anyhow::
 fn measured_stream(
     ctx: &mut Ctx,
     dp: &Emulation,
-    link: &Link,
+    pair: &VethPair,
     destination: Ipv4Addr,
     port: u16,
     spec: &StreamSpec,
 ) -> anyhow::Result<(StreamResult, String)> {
     let (losses, backlog, cpu) = (dp.losses(ctx)?, backlog_drops()?, CpuTimes::now()?);
-    let r = stream(link, destination, port, spec)?;
+    let r = stream(pair, destination, port, spec)?;
     let busy = CpuTimes::now()?.busy_since(cpu);
     let (losses, backlog) = (dp.losses(ctx)? - losses, backlog_drops()? - backlog);
     let place = format!(
@@ -182,6 +182,6 @@ fn duplicate_restricted_per_tc() -> anyhow::Result<bool> {
     ]) {
         Ok(_) => Ok(false),
         Err(e) if format!("{e:#}").contains("cannot mix duplicating netems") => Ok(true),
-        Err(e) => Err(e),
+        Err(e) => Err(e.into()),
     }
 }

@@ -4,6 +4,7 @@
 
 use isthmus_e2e::verdict::{at_least, at_most, report, within};
 use isthmus_e2e::*;
+use isthmus_test_kit::stats::median;
 
 use crate::bands::{Baseline, delay_floor, proportion_band};
 use crate::fixture::{Fixture, one_way_spec, wait_condition};
@@ -71,14 +72,12 @@ pub fn reordering(f: &Fixture) {
     println!("50ms, 25% reordered: {}", r.describe());
     let rtts: Vec<f64> = r.samples().iter().filter_map(|s| s.1).collect();
     let n = rtts.len() as f64;
-    let mut delayed: Vec<f64> = rtts.iter().copied().filter(|&rtt| rtt >= delay_floor(50.0)).collect();
+    let delayed: Vec<f64> = rtts.iter().copied().filter(|&rtt| rtt >= delay_floor(50.0)).collect();
     let undelayed = n - delayed.len() as f64;
     let band = proportion_band(0.25, n, 1.0);
     at_most("share of round trips under 50 ms", undelayed / n, band.1, "25 % + 4.5 σ binomial: no more skip it");
     report("share of round trips under 50 ms", undelayed / n, band, "25 %, ±4.5 σ binomial, on a quiet machine");
-    delayed.sort_by(f64::total_cmp);
-    let median = delayed[delayed.len() / 2];
-    report("delayed round trips' median, ms", median, base.shifted_band(50.0, 1), "baseline + 50 ms");
+    report("delayed round trips' median, ms", median(&delayed), base.shifted_band(50.0, 1), "baseline + 50 ms");
     // A probe every 5 ms and a 50 ms delay: every undelayed probe overtakes the (about seven) delayed ones ahead of
     // it in the delay line, unless the one before it was undelayed too.
     at_least(
