@@ -17,9 +17,9 @@ use hyper::{Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
-use serde::{Deserialize, Serialize};
 
 use crate::admission::hold::env;
+use crate::admission::links_applied::LinksApplied;
 
 /// How often the condition is asked for: a held pod starts within this of its links being applied.
 pub const POLL: Duration = Duration::from_millis(250);
@@ -27,29 +27,6 @@ pub const POLL: Duration = Duration::from_millis(250);
 const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(5);
 /// An answer is a condition's status, reason and message.
 const MAX_ANSWER: usize = 64 * 1024;
-
-/// The listener's answer for one pod: its gate condition (`Unknown` while it has none).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LinksApplied {
-    pub status: String,
-    #[serde(default)]
-    pub reason: String,
-    #[serde(default)]
-    pub message: String,
-}
-
-impl std::fmt::Display for LinksApplied {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.status)?;
-        if !self.reason.is_empty() {
-            write!(f, " ({})", self.reason)?;
-        }
-        if !self.message.is_empty() {
-            write!(f, ": {}", self.message)?;
-        }
-        Ok(())
-    }
-}
 
 /// What one try found: the listener's answer, or why there was none.
 #[derive(Debug, Clone, PartialEq, Eq)]

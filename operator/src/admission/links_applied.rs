@@ -4,13 +4,36 @@
 //! server nothing; a pod is answered only when named with its UID, which only it knows.
 
 use k8s_openapi::api::core::v1::Pod;
+use serde::{Deserialize, Serialize};
 use kube::Api;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 
 use super::hold::HOLD_LABEL;
 use crate::gate::CONDITION_TYPE;
-pub use crate::wait_for_links::LinksApplied;
+
+/// The listener's answer for one pod: its gate condition (`Unknown` while it has none).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinksApplied {
+    pub status: String,
+    #[serde(default)]
+    pub reason: String,
+    #[serde(default)]
+    pub message: String,
+}
+
+impl std::fmt::Display for LinksApplied {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.status)?;
+        if !self.reason.is_empty() {
+            write!(f, " ({})", self.reason)?;
+        }
+        if !self.message.is_empty() {
+            write!(f, ": {}", self.message)?;
+        }
+        Ok(())
+    }
+}
 
 /// The pod a request names.
 #[derive(Debug, Clone, PartialEq, Eq)]
