@@ -1,6 +1,8 @@
-//! The user-facing API: the `NetworkLink` resource, its units, presets and resolution into impairments.
+//! The user-facing API: the `NetworkLink` resource, its units, presets, resolution into impairments and their
+//! display.
 
 pub mod bounds;
+pub mod display;
 pub mod measured;
 pub mod profile;
 pub mod quantity;
@@ -12,8 +14,9 @@ pub mod spec;
 pub mod status;
 pub mod stored;
 
+pub use display::{Summary, format_duration, format_rate};
 pub use profile::Profile;
-pub use resolve::{ResolvedImpairments, SpecError, Summary, format_duration, format_rate, overlay};
+pub use resolve::{ResolvedImpairments, SpecError, overlay};
 pub use schedule::*;
 pub use spec::*;
 pub use status::*;
