@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use isthmus_agent_api::{Impairment, Loss};
 
-use super::resolve::ResolvedImpairments;
+use super::impairments::ResolvedImpairments;
 
 /// Human summaries of what is in force, for the status and `kubectl get`.
 #[derive(Debug, Clone, PartialEq, Default)]

@@ -3,11 +3,11 @@
 
 pub mod bounds;
 pub mod display;
+pub mod impairments;
 pub mod measured;
 pub mod profile;
 pub mod quantity;
 pub mod ramp_rules;
-pub mod resolve;
 pub mod schedule;
 pub mod selector;
 pub mod spec;
@@ -15,8 +15,8 @@ pub mod status;
 pub mod stored;
 
 pub use display::{Summary, format_duration, format_rate};
+pub use impairments::{ResolvedImpairments, SpecError, overlay};
 pub use profile::Profile;
-pub use resolve::{ResolvedImpairments, SpecError, overlay};
 pub use schedule::*;
 pub use spec::*;
 pub use status::*;

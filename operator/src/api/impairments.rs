@@ -228,5 +228,5 @@ fn loss_of(spec: &LossSpec, field: &str) -> Result<Loss, SpecError> {
 }
 
 #[cfg(test)]
-#[path = "resolve_tests.rs"]
+#[path = "impairments_tests.rs"]
 mod tests;
