@@ -18,7 +18,7 @@ use tokio::task::JoinHandle;
 use super::schedule::{refresh_due, schedule_status};
 use super::{DEGRADED, LinkReason, OVERLAPPING, READY, link_status, progress, transitions};
 use crate::api::{NetworkLinkStatus, ScheduleState, ScheduleStatus, StoredLink};
-use crate::controller::writes::{self, write_while_leading};
+use crate::controller::write_loop::{self, write_while_leading};
 use crate::controller::{Context, Controller};
 use crate::index::ObjectKey;
 use crate::plan::LinkFacts;
@@ -31,7 +31,7 @@ struct StatusJob {
     reference: ObjectReference,
 }
 
-type Jobs = writes::Jobs<StatusJob>;
+type Jobs = write_loop::Jobs<StatusJob>;
 
 /// The statuses to check and to write.
 #[derive(Debug, Default)]
