@@ -1,6 +1,6 @@
 //! What a resolved link is, in the user's own units: the summaries of `status` and `kubectl get`
 //! ([`ResolvedImpairments::summary`]) and the formatters behind them, which print what the unit parsers
-//! ([`crate::units`]) read back.
+//! ([`crate::unit_syntax`]) read back.
 
 use std::time::Duration;
 

@@ -7,7 +7,7 @@ use isthmus_agent_api::{Correlated, Impairment, ImpairmentError, ImpairmentField
 use super::profile::{PresetDirection, Profile};
 use super::quantity::{MAX_BURST_BYTES, MIN_BURST_BYTES};
 use super::spec::{CorrelatedSpec, ImpairmentSpec, LossSpec, NetworkLinkSpec, ReorderSpec};
-use crate::units::UnitError;
+use crate::unit_syntax::UnitError;
 
 /// Why a NetworkLink cannot be acted on; `field` is the JSON path below the object (e.g.
 /// `spec.impairment.latency`).
