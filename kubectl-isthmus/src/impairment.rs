@@ -2,7 +2,7 @@
 //! operator's own formatters.
 
 use isthmus_agent_api::{Impairment, Loss};
-use isthmus_operator::api::resolve::{format_duration, format_rate};
+use isthmus_operator::api::display::{format_duration, format_rate};
 
 pub fn describe(imp: &Impairment) -> String {
     let f = imp.fields();

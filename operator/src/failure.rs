@@ -79,6 +79,11 @@ impl FailureReason {
             FailureReason::DatapathStopped => "DatapathStopped",
         }
     }
+
+    /// The reason whose text is `text`; `None` for a text isthmus never writes.
+    pub fn parse(text: &str) -> Option<FailureReason> {
+        FailureReason::ALL.into_iter().find(|r| r.as_str() == text)
+    }
 }
 
 impl fmt::Display for FailureReason {
@@ -183,9 +188,11 @@ mod tests {
             (FailureReason::DatapathStopped, "DatapathStopped"),
         ];
         assert_eq!(FailureReason::ALL, reasons.map(|(r, _)| r), "ALL lists every reason once");
+        assert_eq!(FailureReason::parse("Applied"), None, "a text no failure has");
         for (reason, text) in reasons {
             assert_eq!(reason.as_str(), text);
             assert_eq!(reason.to_string(), text);
+            assert_eq!(FailureReason::parse(text), Some(reason));
             assert!(DOCUMENTED.contains(&format!("\n| `{text}` |")), "{text} has no row in docs/troubleshooting.md");
         }
     }

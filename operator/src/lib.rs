@@ -1,7 +1,7 @@
 //! isthmus operator: the NetworkLink API, the pure index and plan computation, and the controller around them.
 //!
 //! - [`api`]: the `NetworkLink` custom resource, with its schema, presets and resolution into impairments;
-//! - [`units`]: the one parser of durations, percentages, rates and sizes;
+//! - [`unit_syntax`]: the one parser of durations, percentages, rates and sizes;
 //! - [`index`]: an in-memory store of the Kubernetes objects that matter, fed by watch events;
 //! - [`plan`]: the pure, incremental computation of each node's plan and each link's status facts;
 //! - [`failure`]: why a pod is not shaped and why an agent call failed, each spelled once;
@@ -31,5 +31,5 @@ pub mod schedule;
 pub mod telemetry;
 pub mod topology;
 pub mod uninstall;
-pub mod units;
+pub mod unit_syntax;
 pub mod wait_for_links;

@@ -164,7 +164,7 @@ struct Args {
 }
 
 fn parse_interval(s: &str) -> Result<Duration, String> {
-    match isthmus_operator::units::parse_duration(s) {
+    match isthmus_operator::unit_syntax::parse_duration(s) {
         Ok(d) if d >= Duration::from_secs(1) => Ok(d),
         Ok(_) => Err("must be at least 1s: every poll asks every node's agent".into()),
         Err(e) => Err(e.to_string()),

@@ -37,7 +37,7 @@ pub struct OutcomeLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct VerdictLabels {
-    pub verdict: crate::admission::review::Verdict,
+    pub verdict: crate::admission::review::AdmissionOutcome,
 }
 
 /// One direction of one NetworkLink: bounded by the links, never per pod or IP.

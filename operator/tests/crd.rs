@@ -28,10 +28,10 @@ fn committed_topology_crd_is_current() {
 fn schema_carries_the_unit_patterns_and_rules() {
     let yaml = crd_yaml().unwrap();
     for needle in [
-        isthmus_operator::units::DURATION_PATTERN,
-        isthmus_operator::units::PERCENT_PATTERN,
-        isthmus_operator::units::RATE_PATTERN,
-        isthmus_operator::units::SIZE_PATTERN,
+        isthmus_operator::unit_syntax::DURATION_PATTERN,
+        isthmus_operator::unit_syntax::PERCENT_PATTERN,
+        isthmus_operator::unit_syntax::RATE_PATTERN,
+        isthmus_operator::unit_syntax::SIZE_PATTERN,
         "isCIDR(self)",
         "fieldPath: .to.namespaceSelector",
         "shortNames",

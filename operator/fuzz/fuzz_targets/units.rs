@@ -8,8 +8,8 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use isthmus_agent_api::impairment::MAX_DELAY;
-use isthmus_operator::api::resolve::{format_duration, format_rate};
-use isthmus_operator::units::*;
+use isthmus_operator::api::display::{format_duration, format_rate};
+use isthmus_operator::unit_syntax::*;
 use libfuzzer_sys::fuzz_target;
 use regex::Regex;
 

@@ -76,7 +76,7 @@ pub fn timeout_of(pod: &Pod, config: &HoldConfig) -> Result<Duration, HoldError>
         return Ok(config.default_timeout);
     };
     let refuse = |reason: String| HoldError::Timeout { value: value.clone(), reason };
-    let timeout = crate::units::parse_duration(value).map_err(|e| refuse(e.to_string()))?;
+    let timeout = crate::unit_syntax::parse_duration(value).map_err(|e| refuse(e.to_string()))?;
     if timeout < Duration::from_secs(1) || timeout > config.max_timeout {
         return Err(refuse(format!("must be from 1s to {}s (the operator's maximum)", config.max_timeout.as_secs())));
     }

@@ -8,24 +8,24 @@ use crate::topology::{NetworkTopology, expand};
 
 /// How a review ended (the label of `isthmus_operator_admission_reviews`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Verdict {
+pub enum AdmissionOutcome {
     Admitted,
     Refused,
     /// The body was no AdmissionReview with a request.
     Unreadable,
 }
 
-impl Verdict {
+impl AdmissionOutcome {
     pub fn as_str(self) -> &'static str {
         match self {
-            Verdict::Admitted => "admitted",
-            Verdict::Refused => "refused",
-            Verdict::Unreadable => "unreadable",
+            AdmissionOutcome::Admitted => "admitted",
+            AdmissionOutcome::Refused => "refused",
+            AdmissionOutcome::Unreadable => "unreadable",
         }
     }
 }
 
-impl prometheus_client::encoding::EncodeLabelValue for Verdict {
+impl prometheus_client::encoding::EncodeLabelValue for AdmissionOutcome {
     fn encode(&self, encoder: &mut prometheus_client::encoding::LabelValueEncoder) -> Result<(), std::fmt::Error> {
         std::fmt::Write::write_str(encoder, self.as_str())
     }
@@ -33,13 +33,13 @@ impl prometheus_client::encoding::EncodeLabelValue for Verdict {
 
 /// The answer to an AdmissionReview body: always a review (an unreadable one is answered as invalid, which
 /// the API server reports as a refusal).
-pub fn answer(body: &[u8]) -> (AdmissionReview<DynamicObject>, Verdict) {
+pub fn answer(body: &[u8]) -> (AdmissionReview<DynamicObject>, AdmissionOutcome) {
     let request = match request_of(body) {
         Ok(request) => request,
-        Err(reason) => return (AdmissionResponse::invalid(reason).into_review(), Verdict::Unreadable),
+        Err(reason) => return (AdmissionResponse::invalid(reason).into_review(), AdmissionOutcome::Unreadable),
     };
     let response = decide(&request);
-    let verdict = if response.allowed { Verdict::Admitted } else { Verdict::Refused };
+    let verdict = if response.allowed { AdmissionOutcome::Admitted } else { AdmissionOutcome::Refused };
     (response.into_review(), verdict)
 }
 

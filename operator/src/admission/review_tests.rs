@@ -26,9 +26,9 @@ fn response(body: &[u8]) -> Value {
     let (review, verdict) = answer(body);
     let response = serde_json::to_value(review).unwrap()["response"].clone();
     let expected = match (response["allowed"].as_bool(), response["uid"].as_str()) {
-        (Some(true), _) => Verdict::Admitted,
-        (Some(false), Some("0b1d")) => Verdict::Refused,
-        _ => Verdict::Unreadable,
+        (Some(true), _) => AdmissionOutcome::Admitted,
+        (Some(false), Some("0b1d")) => AdmissionOutcome::Refused,
+        _ => AdmissionOutcome::Unreadable,
     };
     assert_eq!(verdict, expected, "{response}");
     response

@@ -1,19 +1,22 @@
-//! The user-facing API: the `NetworkLink` resource, its units, presets and resolution into impairments.
+//! The user-facing API: the `NetworkLink` resource, its units, presets, resolution into impairments and their
+//! display.
 
 pub mod bounds;
+pub mod display;
+pub mod impairments;
 pub mod measured;
 pub mod profile;
 pub mod quantity;
 pub mod ramp_rules;
-pub mod resolve;
 pub mod schedule;
 pub mod selector;
 pub mod spec;
 pub mod status;
 pub mod stored;
 
+pub use display::{Summary, format_duration, format_rate};
+pub use impairments::{ResolvedImpairments, SpecError, overlay};
 pub use profile::Profile;
-pub use resolve::{ResolvedImpairments, SpecError, Summary, format_duration, format_rate, overlay};
 pub use schedule::*;
 pub use spec::*;
 pub use status::*;

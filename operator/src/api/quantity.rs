@@ -1,13 +1,13 @@
 //! String-typed quantities of the NetworkLink API. Each type carries the text the user wrote (so nothing is
 //! lost in a round trip and a malformed object still deserializes and can be reported in its status) and a
-//! schema with the same pattern and bounds that [`crate::units`] enforces.
+//! schema with the same pattern and bounds that [`crate::unit_syntax`] enforces.
 
 use std::borrow::Cow;
 
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
 
-use crate::units::{self, UnitError};
+use crate::unit_syntax::{self, UnitError};
 
 macro_rules! quantity {
     ($(#[$doc:meta])* $name:ident, $schema_name:literal, $parsed:ty, $parse:path, $schema:expr) => {
@@ -55,11 +55,11 @@ quantity!(
     DurationValue,
     "Duration",
     std::time::Duration,
-    units::parse_duration,
+    unit_syntax::parse_duration,
     json_schema!({
         "type": "string",
         "maxLength": 32,
-        "pattern": units::DURATION_PATTERN,
+        "pattern": unit_syntax::DURATION_PATTERN,
         "x-kubernetes-validations": [{
             "rule": "duration(self) <= duration('3600s')",
             "message": "must be at most 3600s",
@@ -72,11 +72,11 @@ quantity!(
     PercentValue,
     "Percent",
     f64,
-    units::parse_percent,
+    unit_syntax::parse_percent,
     json_schema!({
         "type": "string",
         "maxLength": 16,
-        "pattern": units::PERCENT_PATTERN,
+        "pattern": unit_syntax::PERCENT_PATTERN,
     })
 );
 
@@ -86,16 +86,16 @@ quantity!(
     RateValue,
     "Rate",
     u64,
-    units::parse_rate,
+    unit_syntax::parse_rate,
     json_schema!({
         "type": "string",
         "maxLength": 32,
         // The pattern is checked by CEL rather than `pattern` so that a refused `100mbps` gets the hint.
         "x-kubernetes-validations": [{
-            "rule": format!("self.matches(r'{}')", units::RATE_PATTERN),
+            "rule": format!("self.matches(r'{}')", unit_syntax::RATE_PATTERN),
             "message": "must be bits per second such as 100Mbit, 1.5Gbit or 64kbit (units bit, kbit, Mbit, Gbit); mbps, MBps and bps are refused as ambiguous",
         }, {
-            "rule": format!("{rate} >= {min:.1} && {rate} <= 1e12", rate = units::cel_rate_bits("self"), min = units::MIN_RATE_BPS),
+            "rule": format!("{rate} >= {min:.1} && {rate} <= 1e12", rate = unit_syntax::cel_rate_bits("self"), min = unit_syntax::MIN_RATE_BPS),
             "message": "must be between 100bit and 1000Gbit (bits per second, e.g. 100Mbit; mbps/MBps are ambiguous, write Mbit)",
         }],
     })
@@ -112,11 +112,11 @@ quantity!(
     BurstValue,
     "Burst",
     u64,
-    units::parse_size,
+    unit_syntax::parse_size,
     json_schema!({
         "type": "string",
         "maxLength": 16,
-        "pattern": units::SIZE_PATTERN,
+        "pattern": unit_syntax::SIZE_PATTERN,
         "x-kubernetes-validations": [{
             "rule": "int(self.find('^[0-9]+')) * (self.endsWith('GiB') ? 1073741824 : self.endsWith('MiB') ? 1048576 : self.endsWith('KiB') ? 1024 : 1) >= 1600 && int(self.find('^[0-9]+')) * (self.endsWith('GiB') ? 1073741824 : self.endsWith('MiB') ? 1048576 : self.endsWith('KiB') ? 1024 : 1) <= 4294967295",
             "message": "must be between 1600B (one full-size packet) and 4294967295B",

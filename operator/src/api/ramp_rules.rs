@@ -3,24 +3,30 @@
 //! `MAX_PHASES - 1` steps of at least 1 ms each, and every step's impairment valid over the link's own.
 //!
 //! Values are compared as the operator computes them: durations as CEL `duration`s (Go's parser truncates a
-//! fraction of a nanosecond as `crate::units::parse_duration` does), percentages in 10⁻⁹ % and rates in
+//! fraction of a nanosecond as `crate::unit_syntax::parse_duration` does), percentages in 10⁻⁹ % and rates in
 //! bits, each a double rounded to the nearest whole unit as the operator rounds it.
 
 use isthmus_agent_api::MAX_BUCKET_TIME;
 use isthmus_agent_api::impairment::{MAX_DELAY, MAX_JITTER};
 use isthmus_agent_api::schedule::MAX_PHASES;
 
-use crate::units;
+use crate::unit_syntax;
 
 /// The ramp's `value`, read in the unit of its field.
 pub fn values_in_unit(ramp: &str, value: &str) -> String {
     let v = format!("{ramp}.{value}");
-    let time =
-        format!("{v}.matches(r'{}') && duration({v}) <= duration('{}s')", units::DURATION_PATTERN, MAX_DELAY.as_secs());
-    let percent = format!("{v}.matches(r'{}')", units::PERCENT_PATTERN);
-    let bits = units::cel_rate_bits(&v);
-    let rate =
-        format!("{v}.matches(r'{}') && {bits} >= {:.1} && {bits} <= 1e12", units::RATE_PATTERN, units::MIN_RATE_BPS);
+    let time = format!(
+        "{v}.matches(r'{}') && duration({v}) <= duration('{}s')",
+        unit_syntax::DURATION_PATTERN,
+        MAX_DELAY.as_secs()
+    );
+    let percent = format!("{v}.matches(r'{}')", unit_syntax::PERCENT_PATTERN);
+    let bits = unit_syntax::cel_rate_bits(&v);
+    let rate = format!(
+        "{v}.matches(r'{}') && {bits} >= {:.1} && {bits} <= 1e12",
+        unit_syntax::RATE_PATTERN,
+        unit_syntax::MIN_RATE_BPS
+    );
     format!("{ramp}.field in ['Latency', 'Jitter'] ? {time} : {ramp}.field == 'Loss' ? {percent} : {rate}")
 }
 
@@ -38,7 +44,7 @@ fn whole(ramp: &str, value: &str) -> String {
     format!(
         "({ramp}.field in ['Latency', 'Jitter'] ? int(duration({v})) : {ramp}.field == 'Loss' ? \
          int(double({v}.find('^[0-9.]+')) * 1e9 + 0.5) : int({bits} + 0.5))",
-        bits = units::cel_rate_bits(&v),
+        bits = unit_syntax::cel_rate_bits(&v),
     )
 }
 
@@ -167,12 +173,13 @@ pub const JITTER_RAMP: &str = "a jitter ramp: every value at most 2.147483647s, 
 
 /// A bandwidth ramp: the link's own burst is sent within the kernel's bucket time at the ramp's lowest rate.
 pub fn bandwidth_ramp_fits_the_burst() -> String {
-    let (from, to) = (units::cel_rate_bits("self.schedule.ramp.from"), units::cel_rate_bits("self.schedule.ramp.to"));
+    let (from, to) =
+        (unit_syntax::cel_rate_bits("self.schedule.ramp.from"), unit_syntax::cel_rate_bits("self.schedule.ramp.to"));
     let lowest = format!("({from} <= {to} ? {from} : {to})");
     let fits = |moves: &str, has_own: &str, own: &str| {
         format!(
             "(!{moves} || !({has_own} && has({own}.burst)) || {bytes} * 8.0 <= {secs}.0 * {lowest})",
-            bytes = units::cel_size_bytes(&format!("{own}.burst")),
+            bytes = unit_syntax::cel_size_bytes(&format!("{own}.burst")),
             secs = MAX_BUCKET_TIME.as_secs(),
         )
     };

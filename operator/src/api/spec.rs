@@ -12,7 +12,7 @@ use super::profile::{PresetDirection, Profile};
 use super::quantity::{BurstValue, CidrValue, DurationValue, PercentValue, RateValue};
 use super::schedule::ScheduleSpec;
 use super::status::NetworkLinkStatus;
-use crate::units;
+use crate::unit_syntax;
 
 /// Why a burst is refused at admission: [`isthmus_agent_api::ImpairmentFields`] refuses it for the same reason.
 const BURST_TOO_DEEP: &str = "burst takes longer than 274s to send at the bandwidth, the most the kernel's token bucket holds: a smaller burst or a higher bandwidth";
@@ -22,7 +22,7 @@ const BURST_TOO_DEEP: &str = "burst takes longer than 274s to send at the bandwi
 fn burst_fits(parent: &str, rate_bits: &str, has_rate: &str) -> String {
     format!(
         "!has({parent}.burst) || !({has_rate}) || {bytes} * 8.0 <= {seconds}.0 * {rate_bits}",
-        bytes = units::cel_size_bytes(&format!("{parent}.burst")),
+        bytes = unit_syntax::cel_size_bytes(&format!("{parent}.burst")),
         seconds = MAX_BUCKET_TIME.as_secs(),
     )
 }
@@ -259,7 +259,7 @@ pub enum ServiceInclusion {
 #[x_kube(validation = Rule::new(format!("!has(self.jitter) || duration(self.jitter) <= duration('{}ns')", MAX_JITTER.as_nanos()))
     .message("must be at most 2.147483647s, the widest jitter the kernel's netem applies (31 bits of nanoseconds)")
     .field_path(".jitter"))]
-#[x_kube(validation = Rule::new(burst_fits("self", &units::cel_rate_bits("self.bandwidth"), "has(self.bandwidth)"))
+#[x_kube(validation = Rule::new(burst_fits("self", &unit_syntax::cel_rate_bits("self.bandwidth"), "has(self.bandwidth)"))
     .message(BURST_TOO_DEEP)
     .field_path(".burst"))]
 #[serde(rename_all = "camelCase")]

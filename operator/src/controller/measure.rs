@@ -13,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tokio::sync::mpsc;
 
 use super::Controller;
-use super::agent::CallError;
+use super::agent_api::CallError;
 use super::status::{Progress, measured_part, place_measured};
 use super::version::unix_millis;
 use crate::api::NetworkLinkStatus;

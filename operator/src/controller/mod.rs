@@ -4,25 +4,25 @@
 //! leader dispatches and writes; a follower keeps the index warm. Pods that declare the readiness gate get their
 //! condition decided after each batch too ([`gates`]).
 //!
-//! The task's state is [`Controller`]; each job extends it in its own file: `watch.rs` and `watched.rs` (one
+//! The task's state is [`Controller`]; each job extends it in its own file: `watch.rs` and `watch_kinds.rs` (one
 //! typed description per watched resource), `ingest.rs` (events and re-lists), `links.rs` (NetworkLink
-//! objects), `agents.rs` (which agent serves each node), `cleanup.rs` (finalizer patches), `measure.rs` (polling
+//! objects), `node_agents.rs` (which agent serves each node), `cleanup.rs` (finalizer patches), `measure.rs` (polling
 //! the agents' measurements), `status/writer.rs` (status writes) and `gates/writer.rs` (readiness gate writes).
 
-pub mod agent;
-mod agents;
+pub mod agent_api;
 mod cleanup;
 pub mod finalizer;
 pub mod gates;
 mod ingest;
 mod links;
 pub mod measure;
+mod node_agents;
 pub mod nodes;
 pub mod status;
 pub mod version;
 pub mod watch;
-mod watched;
-mod writes;
+mod watch_kinds;
+mod write_loop;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::AtomicBool;
@@ -36,13 +36,13 @@ use tokio::sync::mpsc;
 use crate::index::ObjectKey;
 use crate::metrics::Metrics;
 use crate::plan::{PlanLimits, Planner};
-use agent::AgentApi;
-use agents::AgentPod;
+use agent_api::AgentApi;
 use cleanup::PendingCleanup;
 use gates::writer::GateQueue;
 use ingest::Relist;
 use links::LinkMeta;
 use measure::{MeasureConfig, Measurements};
+use node_agents::AgentPod;
 use nodes::{DispatchConfig, Dispatchers, Reports, Shared};
 use status::writer::StatusQueue;
 use watch::{AgentSelector, Update};
@@ -102,7 +102,7 @@ struct Controller {
 /// Watches the cluster and runs until `shutdown` turns true.
 pub async fn run(ctx: Context, shutdown: tokio::sync::watch::Receiver<bool>) {
     let (tx, rx) = mpsc::channel::<Update>(1024);
-    let _watches = watched::start(&ctx.client, &ctx.config.agents, tx);
+    let _watches = watch_kinds::start(&ctx.client, &ctx.config.agents, tx);
     run_with_updates(ctx, rx, shutdown).await
 }
 

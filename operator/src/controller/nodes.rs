@@ -11,7 +11,7 @@ use isthmus_agent_api::{ApplyReply, Capabilities, NodePlan, PodOutcome};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use super::agent::AgentApi;
+use super::agent_api::AgentApi;
 use super::version::{Backoff, PlanVersions};
 use crate::failure::FailureReason;
 use crate::metrics::Metrics;

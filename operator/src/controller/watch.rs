@@ -1,5 +1,5 @@
 //! The watches that feed the controller. Each watched resource has one typed description, a [`Watched`]
-//! implementation (in `watched.rs`): how to watch it, how to key its objects and what an apply or a delete does
+//! implementation (in `watch_kinds.rs`): how to watch it, how to key its objects and what an apply or a delete does
 //! to the controller. Every watch forwards its events, unchanged, into one channel, so that a single task owns the
 //! index and sees events in order per kind.
 

@@ -221,7 +221,7 @@ pub fn overall(verdicts: &[(Direction, &Verdict)]) -> (ConformanceReason, String
 pub fn summary(forward: Option<&DirectionMeasured>, reverse: Option<Option<&DirectionMeasured>>) -> Option<String> {
     let one = |m: Option<&DirectionMeasured>| match m {
         Some(DirectionMeasured { rtt_p50: Some(p50), loss: Some(loss), .. }) => {
-            let d = significant(crate::units::parse_duration(p50).unwrap_or_default(), 3);
+            let d = significant(crate::unit_syntax::parse_duration(p50).unwrap_or_default(), 3);
             format!("{}ms {loss}", trim_number(d.as_secs_f64() * 1e3))
         }
         Some(DirectionMeasured { loss: Some(loss), .. }) => format!("- {loss}"),

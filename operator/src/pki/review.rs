@@ -88,7 +88,7 @@ pub struct Request<'a> {
 }
 
 #[derive(Debug)]
-pub enum Verdict {
+pub enum CsrDecision {
     Approve {
         node: String,
         /// The DNS name to sign: the node's.
@@ -103,8 +103,8 @@ pub enum Verdict {
     },
 }
 
-fn deny(reason: DenyReason, message: impl Into<String>) -> Verdict {
-    Verdict::Deny { reason, message: message.into() }
+fn deny(reason: DenyReason, message: impl Into<String>) -> CsrDecision {
+    CsrDecision::Deny { reason, message: message.into() }
 }
 
 /// The one value of an extra key, if there is exactly one.
@@ -116,7 +116,7 @@ pub fn single<'a>(extra: &'a BTreeMap<String, Vec<String>>, key: &str) -> Option
 }
 
 /// Decides on `request`; `agent_username` is `system:serviceaccount:<namespace>:<agent ServiceAccount>`.
-pub fn review(request: &Request<'_>, agent_username: &str) -> Verdict {
+pub fn review(request: &Request<'_>, agent_username: &str) -> CsrDecision {
     if request.username != agent_username {
         return deny(
             DenyReason::NotAgentServiceAccount,
@@ -187,7 +187,7 @@ pub fn review(request: &Request<'_>, agent_username: &str) -> Verdict {
     if ekus.iter().any(|u| *u != ExtendedKeyUsagePurpose::ServerAuth) {
         return deny(DenyReason::WrongUsages, format!("the request asks for extended key usages {ekus:?}"));
     }
-    Verdict::Approve { node: node.to_owned(), dns_name, shared_name, public_key: parsed.public_key }
+    CsrDecision::Approve { node: node.to_owned(), dns_name, shared_name, public_key: parsed.public_key }
 }
 
 #[cfg(test)]
@@ -233,7 +233,7 @@ mod tests {
             }
         }
 
-        fn verdict(&self) -> Verdict {
+        fn decision(&self) -> CsrDecision {
             review(
                 &Request {
                     username: &self.username,
@@ -248,8 +248,8 @@ mod tests {
         }
 
         fn denied(self) -> DenyReason {
-            match self.verdict() {
-                Verdict::Deny { reason, message } => {
+            match self.decision() {
+                CsrDecision::Deny { reason, message } => {
                     assert!(!message.is_empty());
                     reason
                 }
@@ -260,8 +260,8 @@ mod tests {
 
     #[test]
     fn the_agent_on_its_own_node_is_approved_for_its_nodes_name() {
-        match Case::good().verdict() {
-            Verdict::Approve { node, dns_name, .. } => {
+        match Case::good().decision() {
+            CsrDecision::Approve { node, dns_name, .. } => {
                 assert_eq!((node.as_str(), dns_name.as_str()), ("node-a", "node-a.node.isthmus"))
             }
             v => panic!("{v:?}"),
@@ -358,15 +358,15 @@ mod tests {
     #[test]
     fn the_shared_name_is_signed_only_when_configured_and_only_after_the_nodes_name() {
         let both = || csr(vec![dns("node-a.node.isthmus"), dns(SHARED)], |_| {});
-        match (Case { pem: both(), shared_name: Some(shared()), ..Case::good() }).verdict() {
-            Verdict::Approve { dns_name, shared_name, .. } => {
+        match (Case { pem: both(), shared_name: Some(shared()), ..Case::good() }).decision() {
+            CsrDecision::Approve { dns_name, shared_name, .. } => {
                 assert_eq!((dns_name.as_str(), shared_name.as_deref()), ("node-a.node.isthmus", Some(SHARED)));
             }
             v => panic!("{v:?}"),
         }
         // Configured but not asked for: the node's name alone, as before.
-        match (Case { shared_name: Some(shared()), ..Case::good() }).verdict() {
-            Verdict::Approve { shared_name: None, .. } => {}
+        match (Case { shared_name: Some(shared()), ..Case::good() }).decision() {
+            CsrDecision::Approve { shared_name: None, .. } => {}
             v => panic!("{v:?}"),
         }
         // Not configured: a request for it is forged.

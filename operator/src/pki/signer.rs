@@ -16,7 +16,7 @@ use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 
 use super::names::ServiceDnsName;
-use super::review::{DenyReason, EXTRA_POD_NAME, PodFacts, Request, Verdict, review, single};
+use super::review::{CsrDecision, DenyReason, EXTRA_POD_NAME, PodFacts, Request, review, single};
 use super::store::Pki;
 use super::waiting::{WaitingRequests, is_waiting};
 
@@ -151,8 +151,8 @@ async fn handle(
     if !is_waiting(&csr) || csr.spec.signer_name != AGENT_SIGNER_NAME {
         return Ok(());
     }
-    let verdict = match waiting.superseded_by(&name) {
-        Some(newer) => Verdict::Deny {
+    let decision = match waiting.superseded_by(&name) {
+        Some(newer) => CsrDecision::Deny {
             reason: DenyReason::Superseded,
             message: format!(
                 "the same agent pod asked again in {newer}: only a pod's newest request is signed (an earlier one \
@@ -161,10 +161,10 @@ async fn handle(
         },
         None => review_request(pods, config, &csr, &name).await?,
     };
-    match verdict {
+    match decision {
         // Approved by someone else (an administrator's `kubectl certificate approve`) but not what the signer
         // issues: a signer may not deny an approved request, it marks it Failed and signs nothing.
-        Verdict::Deny { reason, message } if has_condition(&csr, "Approved") => {
+        CsrDecision::Deny { reason, message } if has_condition(&csr, "Approved") => {
             tracing::warn!(csr = %name, reason = reason.as_str(), %message, "not signing an approved agent certificate request");
             set_condition(&mut csr, "Failed", reason.as_str(), &message);
             csrs.replace_status(&name, &PostParams::default(), &csr).await.map_err(|source| SignerError::Api {
@@ -173,14 +173,14 @@ async fn handle(
                 source,
             })?;
         }
-        Verdict::Deny { reason, message } => {
+        CsrDecision::Deny { reason, message } => {
             tracing::warn!(csr = %name, reason = reason.as_str(), %message, "denied an agent certificate request");
             set_condition(&mut csr, "Denied", reason.as_str(), &message);
             csrs.replace_subresource("approval", &name, &PostParams::default(), &csr)
                 .await
                 .map_err(|source| SignerError::Api { name, what: "denying", source })?;
         }
-        Verdict::Approve { node, dns_name, shared_name, public_key } => {
+        CsrDecision::Approve { node, dns_name, shared_name, public_key } => {
             if !has_condition(&csr, "Approved") {
                 set_condition(
                     &mut csr,
@@ -221,7 +221,7 @@ async fn review_request(
     config: &SignerConfig,
     csr: &CertificateSigningRequest,
     name: &str,
-) -> Result<Verdict, SignerError> {
+) -> Result<CsrDecision, SignerError> {
     let extra = csr.spec.extra.clone().unwrap_or_default();
     let pod = match single(&extra, EXTRA_POD_NAME) {
         Some(pod_name) => pods
@@ -236,7 +236,7 @@ async fn review_request(
         None => None,
     };
     let usages = csr.spec.usages.clone().unwrap_or_default();
-    let verdict = review(
+    let decision = review(
         &Request {
             username: csr.spec.username.as_deref().unwrap_or(""),
             extra: &extra,
@@ -247,7 +247,7 @@ async fn review_request(
         },
         &config.username(),
     );
-    Ok(verdict)
+    Ok(decision)
 }
 
 fn set_condition(csr: &mut CertificateSigningRequest, kind: &str, reason: &str, message: &str) {

@@ -4,7 +4,7 @@ use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
 use kube::core::SelectorExt;
 
 use super::planner::Planner;
-use super::resolve::Resolution;
+use super::selection::Resolution;
 use crate::api::{NetworkLink, ServiceInclusion};
 use crate::gate::PodGate;
 use crate::index::{Index, Labels, LinkInfo, NamespaceScope, ObjectKey, PodInfo, ServiceInfo};

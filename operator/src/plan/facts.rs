@@ -10,7 +10,7 @@ use isthmus_agent_api::{DestinationPlan, Impairment, NodePlan};
 
 use super::limits::Refusal;
 use super::planner::Planner;
-use super::resolve::Exclusion;
+use super::selection::Exclusion;
 use crate::api::{SpecError, Summary};
 use crate::failure::FailureReason;
 use crate::index::ObjectKey;

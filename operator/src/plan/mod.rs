@@ -2,7 +2,7 @@
 //! [`NodePlan`](isthmus_agent_api::NodePlan) and each link's status facts.
 //!
 //! Two stages, both deterministic functions of the index:
-//! 1. per link, a [`Resolution`] (`resolve.rs`): its source pods (with node, UID, IPs), its destinations per
+//! 1. per link, a [`Resolution`] (`selection.rs`): its source pods (with node, UID, IPs), its destinations per
 //!    direction, the pods it must leave alone and why;
 //! 2. per node, the plan (`winner.rs`): every source pod on the node with the winning (destination, impairment,
 //!    link) of each pair, after the overlap rule (higher priority, then older, then name; forward before reverse
@@ -19,7 +19,7 @@ mod explain;
 mod facts;
 mod limits;
 mod planner;
-mod resolve;
+mod selection;
 mod traces;
 mod verify;
 mod winner;
@@ -31,5 +31,5 @@ pub use limits::{
     PlanLimits, PlanLimitsError, Refusal,
 };
 pub use planner::{Changes, Planner, compute, compute_with};
-pub use resolve::{EndpointMemo, Exclusion, Resolution, Side, Source, host_network, resolve_link};
+pub use selection::{EndpointMemo, Exclusion, Resolution, Side, Source, host_network, resolve_link};
 pub use winner::{LinkStats, PodOutput, compute_pod};

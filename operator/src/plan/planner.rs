@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use isthmus_agent_api::{NodePlan, PodPlan};
 
 use super::limits::{PlanLimits, Refusal};
-use super::resolve::{EndpointMemo, Resolution, mark_changed_sources, resolve_link_with};
+use super::selection::{EndpointMemo, Resolution, mark_changed_sources, resolve_link_with};
 use super::verify;
 use super::winner::{LinkStats, PodOutput, compute_pod};
 use crate::index::{Index, ObjectKey};

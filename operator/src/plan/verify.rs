@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use ipnet::IpNet;
 use isthmus_agent_api::{Direction, LinkId, LinkRef, LinkTimeline, NodePlan};
 
-use super::resolve::Resolution;
+use super::selection::Resolution;
 use crate::index::ObjectKey;
 
 /// Fills `plan.unverified`, `plan.unprobed` and `plan.timelines` from the links its destinations name; true when

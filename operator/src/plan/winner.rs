@@ -11,7 +11,7 @@ use ipnet::IpNet;
 use isthmus_agent_api::{DestinationPlan, Impairment, LinkRef, PodPlan, default_interface};
 
 use super::limits::Refusal;
-use super::resolve::{Resolution, Source};
+use super::selection::{Resolution, Source};
 use crate::index::{ObjectKey, Rank};
 
 /// A link's pair and overlap counts for one source pod.

@@ -17,7 +17,7 @@ use crate::api::{
     FlapSpec, NetworkLinkSpec, RampDirection, RampField, RampSpec, ResolvedImpairments, ScheduleEnd, ScheduleSpec,
     SpecError, TraceSpec, format_duration, format_rate, overlay,
 };
-use crate::units::{UnitError, parse_duration, parse_percent, parse_rate};
+use crate::unit_syntax::{UnitError, parse_duration, parse_percent, parse_rate};
 use trace::Trace;
 
 /// The label that makes a ConfigMap a trace the operator reads (and watches): only labelled ConfigMaps, so that

@@ -13,7 +13,7 @@ use isthmus_agent_api::schedule::MAX_PHASES;
 pub const OPPORTUNITY_BYTES: u64 = 1_500;
 /// A window without opportunities still needs a rate: the lowest a link may have (100 bit/s, a packet in two
 /// minutes) holds its packets in the queue until the next window, as Mahimahi holds them.
-pub const STALLED_BPS: u64 = crate::units::MIN_RATE_BPS as u64;
+pub const STALLED_BPS: u64 = crate::unit_syntax::MIN_RATE_BPS as u64;
 /// The most lines a trace may have (a ConfigMap holds at most 1 MiB anyway).
 pub const MAX_TRACE_LINES: usize = 500_000;
 

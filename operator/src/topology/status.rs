@@ -11,7 +11,7 @@ use super::expand::{Expansion, TopologyError};
 use super::spec::{MAX_NAME as MAX_REGION_NAME, MAX_REGIONS};
 use crate::api::bounds::{MAX_FIGURE, MAX_SUMMARY, cut, cut_conditions, cut_opt};
 use crate::api::{NetworkLinkStatus, format_duration};
-use crate::units::parse_duration;
+use crate::unit_syntax::parse_duration;
 
 /// What the operator made of a topology.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use isthmus_operator::admission::review::Verdict;
+use isthmus_operator::admission::review::AdmissionOutcome;
 use isthmus_operator::admission::server::{ServingCertificate, bind};
 use isthmus_operator::admission::{TOPOLOGIES_PATH, upkeep};
 use isthmus_operator::metrics::{Metrics, VerdictLabels};
@@ -87,7 +87,7 @@ impl Webhook {
     }
 
     /// The reviews answered with `verdict`.
-    fn answered(&self, verdict: Verdict) -> u64 {
+    fn answered(&self, verdict: AdmissionOutcome) -> u64 {
         self.metrics.admission_reviews.get_or_create(&VerdictLabels { verdict }).get()
     }
 
@@ -146,8 +146,8 @@ async fn a_topology_the_operator_cannot_expand_is_refused_at_admission_naming_th
     spec["regions"] = json!([{"name": "eu", "datasetRegion": "westeurope"}, {"name": "us", "datasetRegion": "eastus"}]);
     webhook.create("world", spec, false).await.unwrap();
     // The probe that found the webhook called, the refusal and the admission above, each counted.
-    assert!(webhook.answered(Verdict::Refused) >= 2 && webhook.answered(Verdict::Admitted) == 1);
-    assert_eq!(webhook.answered(Verdict::Unreadable), 0);
+    assert!(webhook.answered(AdmissionOutcome::Refused) >= 2 && webhook.answered(AdmissionOutcome::Admitted) == 1);
+    assert_eq!(webhook.answered(AdmissionOutcome::Unreadable), 0);
     webhook.remove().await;
 }
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use isthmus_agent_api::client::{AgentClient, ClientConfig, TlsFiles};
 use isthmus_operator::api::{FromSpec, ImpairmentSpec, NetworkLink, NetworkLinkSpec, ServiceInclusion, ToSpec};
-use isthmus_operator::controller::agent::AgentApi;
+use isthmus_operator::controller::agent_api::AgentApi;
 use isthmus_operator::controller::nodes::DispatchConfig;
 use isthmus_operator::controller::version::Backoff;
 use isthmus_operator::controller::watch::AgentSelector;

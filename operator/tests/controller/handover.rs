@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use futures::future::BoxFuture;
 use isthmus_agent_api::{ApplyReply, NodePlan};
 use isthmus_operator::api::{ImpairmentSpec, NetworkLink};
-use isthmus_operator::controller::agent::{AgentApi, CallError};
+use isthmus_operator::controller::agent_api::{AgentApi, CallError};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;

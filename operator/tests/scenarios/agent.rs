@@ -12,7 +12,7 @@ use isthmus_agent_api::measure::{LinkMeasurement, MeasuredState};
 use isthmus_agent_api::{
     ApplyReply, Capabilities, LeftoverTree, NodePlan, PodError, PodErrorKind, PodOutcome, PodResult,
 };
-use isthmus_operator::controller::agent::{AgentApi, CallError};
+use isthmus_operator::controller::agent_api::{AgentApi, CallError};
 use isthmus_operator::failure::CallErrorKind;
 
 #[derive(Debug)]

@@ -35,7 +35,7 @@ use crate::plan::{Planner, host_network};
 
 /// What isthmus has made of a gated pod's links, before the rule on what to write.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Verdict {
+pub enum PodLinksState {
     Applied {
         node: String,
         destinations: usize,
@@ -55,20 +55,20 @@ pub enum Verdict {
     Pending,
 }
 
-impl Verdict {
+impl PodLinksState {
     fn reason(&self) -> Option<GateReason> {
         match self {
-            Verdict::Applied { .. } => Some(GateReason::Applied),
-            Verdict::NoLinks => Some(GateReason::NoLinks),
-            Verdict::NoPairs { .. } => Some(GateReason::NoPairs),
-            Verdict::Failed { reason, .. } => Some(GateReason::Failed(*reason)),
-            Verdict::Pending => None,
+            PodLinksState::Applied { .. } => Some(GateReason::Applied),
+            PodLinksState::NoLinks => Some(GateReason::NoLinks),
+            PodLinksState::NoPairs { .. } => Some(GateReason::NoPairs),
+            PodLinksState::Failed { reason, .. } => Some(GateReason::Failed(*reason)),
+            PodLinksState::Pending => None,
         }
     }
 
     fn message(&self) -> String {
         match self {
-            Verdict::Applied { node, destinations, emulated } => {
+            PodLinksState::Applied { node, destinations, emulated } => {
                 let s = if *destinations == 1 { "" } else { "s" };
                 let applied = format!(
                     "node {node}'s agent applied every link that shapes this pod ({destinations} destination{s})"
@@ -78,8 +78,8 @@ impl Verdict {
                     true => format!("{applied}, emulated by the agent: {EMULATION_LIMIT}"),
                 }
             }
-            Verdict::NoLinks => "no NetworkLink selects this pod as a source; nothing to wait for".into(),
-            Verdict::NoPairs { links } => {
+            PodLinksState::NoLinks => "no NetworkLink selects this pod as a source; nothing to wait for".into(),
+            PodLinksState::NoPairs { links } => {
                 let (noun, select, give) = if links.len() == 1 {
                     ("NetworkLink", "selects", "gives")
                 } else {
@@ -90,8 +90,8 @@ impl Verdict {
                     "{noun} {links} {select} this pod as a source but {give} it no destination yet; nothing to apply"
                 )
             }
-            Verdict::Failed { message, .. } => message.clone(),
-            Verdict::Pending => String::new(),
+            PodLinksState::Failed { message, .. } => message.clone(),
+            PodLinksState::Pending => String::new(),
         }
     }
 }
@@ -129,8 +129,8 @@ pub fn changes<'a>(
     pods.into_iter()
         .filter_map(|key| {
             let gate = index.gates.get(key)?;
-            let verdict = verdict(planner, reports, key)?;
-            let write = decide(gate.condition.as_ref(), &verdict, now)?;
+            let state = links_state(planner, reports, key)?;
+            let write = decide(gate.condition.as_ref(), &state, now)?;
             Some(GateChange { pod: key.clone(), uid: index.pods.get(key)?.uid.clone(), write })
         })
         .collect()
@@ -138,7 +138,11 @@ pub fn changes<'a>(
 
 /// What isthmus has made of the pod's links; `None` for a pod the index does not hold or that is terminating
 /// (its readiness no longer matters).
-pub fn verdict(planner: &Planner, reports: &BTreeMap<String, NodeReport>, key: &ObjectKey) -> Option<Verdict> {
+pub fn links_state(
+    planner: &Planner,
+    reports: &BTreeMap<String, NodeReport>,
+    key: &ObjectKey,
+) -> Option<PodLinksState> {
     let pod = planner.index().pods.get(key)?;
     if pod.terminating {
         return None;
@@ -147,28 +151,28 @@ pub fn verdict(planner: &Planner, reports: &BTreeMap<String, NodeReport>, key: &
         let report = reports.get(node);
         let needs_netem = entry.destinations.iter().any(|d| d.impairment.needs_netem());
         return Some(match judge_entry(node, report, entry, needs_netem) {
-            Outcome::Applied => Verdict::Applied {
+            Outcome::Applied => PodLinksState::Applied {
                 node: node.to_owned(),
                 destinations: entry.destinations.len(),
                 emulated: report
                     .and_then(|r| r.capabilities.as_ref())
                     .is_some_and(|c| c.datapath == isthmus_agent_api::DatapathKind::Userspace),
             },
-            Outcome::Failed(reason, message) => Verdict::Failed { reason, message },
-            Outcome::Pending => Verdict::Pending,
+            Outcome::Failed(reason, message) => PodLinksState::Failed { reason, message },
+            Outcome::Pending => PodLinksState::Pending,
         });
     }
     let links = selecting_links(planner.index(), key, pod);
     Some(if links.is_empty() {
-        Verdict::NoLinks
+        PodLinksState::NoLinks
     } else if pod.host_network {
-        Verdict::Failed { reason: FailureReason::HostNetwork, message: host_network("source") }
+        PodLinksState::Failed { reason: FailureReason::HostNetwork, message: host_network("source") }
     } else if pod.usable() {
         // Planned, and no plan holds it: every link that selects it has no destination for it.
-        Verdict::NoPairs { links }
+        PodLinksState::NoPairs { links }
     } else {
         // No IP yet (or ended): its entry comes once its sandbox has one.
-        Verdict::Pending
+        PodLinksState::Pending
     })
 }
 
@@ -194,8 +198,8 @@ fn selecting_links(index: &Index, key: &ObjectKey, pod: &PodInfo) -> Vec<String>
 }
 
 /// The rule: what to write given the condition the pod carries; `None` to leave it as it is.
-pub fn decide(current: Option<&GateCondition>, verdict: &Verdict, now: &Time) -> Option<GateWrite> {
-    let reason = verdict.reason()?;
+pub fn decide(current: Option<&GateCondition>, state: &PodLinksState, now: &Time) -> Option<GateWrite> {
+    let reason = state.reason()?;
     let ready = current.is_some_and(|c| c.status == Some(true));
     if let GateReason::Failed(failure) = reason
         && undelivered(failure)
@@ -210,7 +214,7 @@ pub fn decide(current: Option<&GateCondition>, verdict: &Verdict, now: &Time) ->
         Some(c) if c.status == Some(reason.status()) => c.last_transition_time.clone().unwrap_or_else(|| now.clone()),
         _ => now.clone(),
     };
-    Some(GateWrite { reason, message: verdict.message(), last_transition_time })
+    Some(GateWrite { reason, message: state.message(), last_transition_time })
 }
 
 /// The plan did not reach the agent: the pod's kernel keeps whatever the agent last applied.

@@ -105,8 +105,8 @@ fn carrying(reason: GateReason, since: i64) -> GateCondition {
     GateCondition { status: Some(reason.status()), reason: Some(reason), last_transition_time: Some(time(since)) }
 }
 
-fn verdict_of(p: &Planner, reports: &BTreeMap<String, NodeReport>, name: &str) -> Option<Verdict> {
-    verdict(p, reports, &key(name))
+fn state_of(p: &Planner, reports: &BTreeMap<String, NodeReport>, name: &str) -> Option<PodLinksState> {
+    links_state(p, reports, &key(name))
 }
 
 fn client_and_server() -> Planner {
@@ -120,13 +120,13 @@ fn client_and_server() -> Planner {
 fn applied_only_once_the_agent_confirmed_the_desired_entry() {
     let p = client_and_server();
     let none = BTreeMap::new();
-    assert_eq!(verdict_of(&p, &none, "client"), Some(Verdict::Pending), "planned, not confirmed");
+    assert_eq!(state_of(&p, &none, "client"), Some(PodLinksState::Pending), "planned, not confirmed");
     assert_eq!(changes(&p, &none, [&key("client")], &time(10)), [], "pending: nothing written");
 
     let desired = p.node_plan("n1").unwrap().clone();
     let reports = acked(&desired, &[("client", PodOutcome::Applied)], true);
-    let applied = Verdict::Applied { node: "n1".into(), destinations: 1, emulated: false };
-    assert_eq!(verdict_of(&p, &reports, "client"), Some(applied));
+    let applied = PodLinksState::Applied { node: "n1".into(), destinations: 1, emulated: false };
+    assert_eq!(state_of(&p, &reports, "client"), Some(applied));
     let written = changes(&p, &reports, [&key("client")], &time(10));
     let expected = GateChange {
         pod: key("client"),
@@ -143,7 +143,7 @@ fn applied_only_once_the_agent_confirmed_the_desired_entry() {
     let mut older = desired.clone();
     older.pods[0].destinations[0].destination = "10.9.9.9/32".parse().unwrap();
     let reports = acked(&older, &[("client", PodOutcome::Applied)], true);
-    assert_eq!(verdict_of(&p, &reports, "client"), Some(Verdict::Pending));
+    assert_eq!(state_of(&p, &reports, "client"), Some(PodLinksState::Pending));
 }
 
 #[test]
@@ -153,8 +153,8 @@ fn a_pod_the_agent_emulates_is_told_what_the_emulation_leaves_unimpaired() {
     let mut reports = acked(&desired, &[("client", PodOutcome::Applied)], false);
     let report = reports.get_mut("n1").unwrap();
     report.capabilities.as_mut().unwrap().datapath = isthmus_agent_api::DatapathKind::Userspace;
-    let verdict = verdict_of(&p, &reports, "client").unwrap();
-    assert_eq!(verdict, Verdict::Applied { node: "n1".into(), destinations: 1, emulated: true });
+    let state = state_of(&p, &reports, "client").unwrap();
+    assert_eq!(state, PodLinksState::Applied { node: "n1".into(), destinations: 1, emulated: true });
     let written = changes(&p, &reports, [&key("client")], &time(10));
     assert_eq!(written.len(), 1);
     assert_eq!(
@@ -178,9 +178,21 @@ fn a_pod_no_link_selects_is_ready_at_once_and_one_not_running_yet_waits() {
         vec![link(NS, "l", client_to_server())],
     );
     let none = BTreeMap::new();
-    assert_eq!(verdict_of(&p, &none, "other"), Some(Verdict::NoLinks), "not even scheduled, and nothing selects it");
-    assert_eq!(verdict_of(&p, &none, "waiting"), Some(Verdict::Pending), "selected: its entry comes once it has an IP");
-    assert_eq!(verdict_of(&p, &none, "server"), Some(Verdict::NoLinks), "a destination only: its egress is not shaped");
+    assert_eq!(
+        state_of(&p, &none, "other"),
+        Some(PodLinksState::NoLinks),
+        "not even scheduled, and nothing selects it"
+    );
+    assert_eq!(
+        state_of(&p, &none, "waiting"),
+        Some(PodLinksState::Pending),
+        "selected: its entry comes once it has an IP"
+    );
+    assert_eq!(
+        state_of(&p, &none, "server"),
+        Some(PodLinksState::NoLinks),
+        "a destination only: its egress is not shaped"
+    );
     let written = changes(&p, &none, [&key("other"), &key("waiting"), &key("server")], &time(5));
     let reasons: Vec<(&str, GateReason)> = written.iter().map(|c| (c.pod.name.as_str(), c.write.reason)).collect();
     assert_eq!(reasons, [("other", GateReason::NoLinks), ("server", GateReason::NoLinks)]);
@@ -194,15 +206,15 @@ fn links_that_give_a_pod_no_destination_leave_nothing_to_wait_for() {
         vec![("client", pod("client", "client", "10.0.0.1"))],
         vec![link(NS, "a", client_to_server()), link(NS, "b", client_to_server())],
     );
-    let v = verdict_of(&p, &BTreeMap::new(), "client").unwrap();
-    assert_eq!(v, Verdict::NoPairs { links: vec!["a".into(), "b".into()] });
+    let v = state_of(&p, &BTreeMap::new(), "client").unwrap();
+    assert_eq!(v, PodLinksState::NoPairs { links: vec!["a".into(), "b".into()] });
     let w = decide(None, &v, &time(1)).unwrap();
     assert_eq!(w.reason, GateReason::NoPairs);
     assert_eq!(
         w.message,
         "NetworkLinks a, b select this pod as a source but give it no destination yet; nothing to apply"
     );
-    let one = Verdict::NoPairs { links: vec!["a".into()] };
+    let one = PodLinksState::NoPairs { links: vec!["a".into()] };
     assert_eq!(
         decide(None, &one, &time(1)).unwrap().message,
         "NetworkLink a selects this pod as a source but gives it no destination yet; nothing to apply"
@@ -215,7 +227,7 @@ fn only_links_of_the_pods_namespace_in_force_select_it() {
     let mut invalid = client_to_server();
     invalid["from"]["podSelector"] = json!({"matchExpressions": [{"key": "app", "operator": "Bogus"}]});
     let p = planned(pods, vec![link("elsewhere", "l", client_to_server()), link(NS, "broken", invalid)]);
-    assert_eq!(verdict_of(&p, &BTreeMap::new(), "client"), Some(Verdict::NoLinks));
+    assert_eq!(state_of(&p, &BTreeMap::new(), "client"), Some(PodLinksState::NoLinks));
 }
 
 #[test]
@@ -227,9 +239,13 @@ fn the_reverse_direction_makes_the_to_pods_sources() {
     server.ips.clear();
     let pods = vec![("client", pod("client", "client", "10.0.0.1")), ("server", server)];
     let p = planned(pods.clone(), vec![link(NS, "l", symmetric)]);
-    assert_eq!(verdict_of(&p, &BTreeMap::new(), "server"), Some(Verdict::Pending), "a source of the reverse direction");
+    assert_eq!(
+        state_of(&p, &BTreeMap::new(), "server"),
+        Some(PodLinksState::Pending),
+        "a source of the reverse direction"
+    );
     let p = planned(pods, vec![link(NS, "l", client_to_server())]);
-    assert_eq!(verdict_of(&p, &BTreeMap::new(), "server"), Some(Verdict::NoLinks), "one way: not a source");
+    assert_eq!(state_of(&p, &BTreeMap::new(), "server"), Some(PodLinksState::NoLinks), "one way: not a source");
 }
 
 #[test]
@@ -238,9 +254,9 @@ fn a_failed_entry_is_false_with_the_reason_the_link_status_gives() {
     let desired = p.node_plan("n1").unwrap().clone();
     let err = PodError { kind: PodErrorKind::KernelUnsupported, message: "EOPNOTSUPP".into() };
     let reports = acked(&desired, &[("client", PodOutcome::Failed(err))], false);
-    let v = verdict_of(&p, &reports, "client").unwrap();
+    let v = state_of(&p, &reports, "client").unwrap();
     let message = "node n1's kernel has no sch_netem and its agent runs the tc datapath: latency/loss cannot be applied (agent.datapath auto emulates them)";
-    assert_eq!(v, Verdict::Failed { reason: FailureReason::KernelUnsupported, message: message.into() });
+    assert_eq!(v, PodLinksState::Failed { reason: FailureReason::KernelUnsupported, message: message.into() });
 
     // A failure the agent reports turns a ready pod NotReady, with a new transition time.
     let ready = carrying(GateReason::Applied, 1);
@@ -256,19 +272,19 @@ fn a_failed_entry_is_false_with_the_reason_the_link_status_gives() {
     assert!(!w.reason.status());
     // Once written, the same failure is not written again, whatever its message says now.
     let failed = carrying(GateReason::Failed(FailureReason::KernelUnsupported), 50);
-    let other_text = Verdict::Failed { reason: FailureReason::KernelUnsupported, message: "other".into() };
+    let other_text = PodLinksState::Failed { reason: FailureReason::KernelUnsupported, message: "other".into() };
     assert_eq!(decide(Some(&failed), &other_text, &time(60)), None);
     // Another reason is written, keeping the time the status turned False.
-    let dup = Verdict::Failed { reason: FailureReason::DuplicateRestriction, message: "cannot mix".into() };
+    let dup = PodLinksState::Failed { reason: FailureReason::DuplicateRestriction, message: "cannot mix".into() };
     assert_eq!(decide(Some(&failed), &dup, &time(70)).unwrap().last_transition_time, time(50));
 }
 
 #[test]
 fn an_undelivered_plan_holds_a_pod_not_yet_ready_but_never_unreadies_one() {
     let p = client_and_server();
-    let v = verdict_of(&p, &unreachable(), "client").unwrap();
+    let v = state_of(&p, &unreachable(), "client").unwrap();
     let failed =
-        Verdict::Failed { reason: FailureReason::AgentUnreachable, message: "agent on node n1: refused".into() };
+        PodLinksState::Failed { reason: FailureReason::AgentUnreachable, message: "agent on node n1: refused".into() };
     assert_eq!(v, failed);
     assert_eq!(decide(None, &v, &time(1)).unwrap().reason, GateReason::Failed(FailureReason::AgentUnreachable));
     for reason in [GateReason::Applied, GateReason::NoLinks, GateReason::NoPairs] {
@@ -278,18 +294,18 @@ fn an_undelivered_plan_holds_a_pod_not_yet_ready_but_never_unreadies_one() {
     let desired = p.node_plan("n1").unwrap().clone();
     let mut reports = acked(&desired, &[("client", PodOutcome::Applied)], true);
     reports.get_mut("n1").unwrap().failure = unreachable()["n1"].failure.clone();
-    assert!(matches!(verdict_of(&p, &reports, "client"), Some(Verdict::Applied { .. })));
+    assert!(matches!(state_of(&p, &reports, "client"), Some(PodLinksState::Applied { .. })));
 }
 
 #[test]
 fn pending_never_writes_and_ready_stays_ready() {
     let now = time(9);
-    assert_eq!(decide(None, &Verdict::Pending, &now), None, "absent while pending: the pod is not Ready");
+    assert_eq!(decide(None, &PodLinksState::Pending, &now), None, "absent while pending: the pod is not Ready");
     for reason in [GateReason::Applied, GateReason::NoLinks, GateReason::Failed(FailureReason::PodNotFound)] {
-        assert_eq!(decide(Some(&carrying(reason, 1)), &Verdict::Pending, &now), None, "{reason} stays");
+        assert_eq!(decide(Some(&carrying(reason, 1)), &PodLinksState::Pending, &now), None, "{reason} stays");
     }
     // True stays True through a change of reason, and keeps its transition time.
-    let applied = Verdict::Applied { node: "n1".into(), destinations: 3, emulated: false };
+    let applied = PodLinksState::Applied { node: "n1".into(), destinations: 3, emulated: false };
     let w = decide(Some(&carrying(GateReason::NoLinks, 1)), &applied, &now).unwrap();
     assert_eq!((w.reason, w.last_transition_time), (GateReason::Applied, time(1)));
     assert_eq!(w.message, "node n1's agent applied every link that shapes this pod (3 destinations)");
@@ -311,11 +327,11 @@ fn host_network_pods_a_link_selects_are_never_ready() {
         vec![("host", host), ("alone", alone), ("server", pod("server", "server", "10.0.0.2"))],
         vec![link(NS, "l", client_to_server())],
     );
-    let v = verdict_of(&p, &BTreeMap::new(), "host").unwrap();
-    assert_eq!(v, Verdict::Failed { reason: FailureReason::HostNetwork, message: host_network("source") });
+    let v = state_of(&p, &BTreeMap::new(), "host").unwrap();
+    assert_eq!(v, PodLinksState::Failed { reason: FailureReason::HostNetwork, message: host_network("source") });
     let w = decide(Some(&carrying(GateReason::NoLinks, 1)), &v, &time(2)).unwrap();
     assert_eq!((w.reason, w.last_transition_time), (GateReason::Failed(FailureReason::HostNetwork), time(2)));
-    assert_eq!(verdict_of(&p, &BTreeMap::new(), "alone"), Some(Verdict::NoLinks));
+    assert_eq!(state_of(&p, &BTreeMap::new(), "alone"), Some(PodLinksState::NoLinks));
 }
 
 #[test]
@@ -326,8 +342,8 @@ fn ungated_terminating_and_unknown_pods_get_nothing() {
     index.pods.get_mut(&key("client")).unwrap().terminating = true;
     p = compute(index);
     let none = BTreeMap::new();
-    assert_eq!(verdict_of(&p, &none, "client"), None, "terminating");
-    assert_eq!(verdict_of(&p, &none, "gone"), None, "not in the index");
+    assert_eq!(state_of(&p, &none, "client"), None, "terminating");
+    assert_eq!(state_of(&p, &none, "gone"), None, "not in the index");
     assert_eq!(changes(&p, &none, [&key("client"), &key("server"), &key("gone")], &time(1)), [], "server: no gate");
 }
 

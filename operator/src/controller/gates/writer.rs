@@ -12,12 +12,12 @@ use tokio::task::JoinHandle;
 
 use super::{GateChange, apply_body, changes};
 use crate::controller::status::writer::now_seconds;
-use crate::controller::writes::{self, write_while_leading};
+use crate::controller::write_loop::{self, write_while_leading};
 use crate::controller::{Context, Controller};
 use crate::gate::GateReason;
 use crate::index::ObjectKey;
 
-type Jobs = writes::Jobs<GateChange>;
+type Jobs = write_loop::Jobs<GateChange>;
 
 /// What to decide again, and the writes queued.
 #[derive(Debug, Default)]

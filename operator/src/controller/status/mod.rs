@@ -1,5 +1,6 @@
 //! A link's status from the plan's facts and the agents' replies: counts, failures and conditions. Pure, with
-//! the agents' side in `progress.rs`; `writer.rs` queues and writes statuses.
+//! the agents' side in `progress.rs` and the conditions' reasons in `reason.rs`; `writer.rs` queues and writes
+//! statuses.
 
 use std::collections::BTreeMap;
 
@@ -7,10 +8,12 @@ use isthmus_agent_api::QueueCap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use crate::api::{MAX_STATUS_FAILURES, MAX_STATUS_OVERLAPS, NetworkLinkStatus, OverlapStatus, PodFailure};
+use crate::failure::FailureReason;
 use crate::plan::LinkFacts;
 
 mod measured;
 mod progress;
+mod reason;
 pub mod schedule;
 pub(super) mod writer;
 
@@ -18,6 +21,7 @@ pub use writer::now_seconds;
 
 pub use measured::{CONFORMANT, MeasuredPart, measured_part, place_measured};
 pub use progress::{Outcome, Progress, judge_entry, progress};
+pub use reason::LinkReason;
 
 pub const READY: &str = "Ready";
 pub const DEGRADED: &str = "Degraded";
@@ -105,41 +109,54 @@ fn conditions(
     let mut conditions = Vec::with_capacity(3);
     if let Some(err) = &facts.error {
         let message = format!("{}: {}", err.field, err.message);
-        conditions.push(cond(READY, false, "InvalidSpec", &message));
-        conditions.push(cond(DEGRADED, true, "InvalidSpec", &message));
+        conditions.push(cond(READY, false, LinkReason::InvalidSpec, &message));
+        conditions.push(cond(DEGRADED, true, LinkReason::InvalidSpec, &message));
     } else if let Some(refusal) = &facts.refusal {
-        let reason = refusal.reason().as_str();
+        let reason = LinkReason::Failure(refusal.reason());
         conditions.push(cond(READY, false, reason, &refusal.message()));
         conditions.push(cond(DEGRADED, true, reason, &refusal.message()));
     } else {
         let (pairs, applied, failed) = (status.pairs, status.pairs_applied, status.pairs_failed);
         conditions.push(if pairs == 0 {
-            cond(READY, true, "NoPairs", "no pod with an IP matches the link yet; nothing to apply")
+            cond(READY, true, LinkReason::NoPairs, "no pod with an IP matches the link yet; nothing to apply")
         } else if applied == pairs {
-            cond(READY, true, "Applied", &format!("all {pairs} pairs are applied{}", capped(status, first_cap)))
+            cond(
+                READY,
+                true,
+                LinkReason::Applied,
+                &format!("all {pairs} pairs are applied{}", capped(status, first_cap)),
+            )
         } else if failed > 0 {
-            cond(READY, false, "Failed", &format!("{applied} of {pairs} pairs applied, {failed} failed"))
+            cond(READY, false, LinkReason::Failed, &format!("{applied} of {pairs} pairs applied, {failed} failed"))
         } else {
-            cond(READY, false, "Pending", &format!("{applied} of {pairs} pairs applied, waiting for the node agents"))
+            cond(
+                READY,
+                false,
+                LinkReason::Pending,
+                &format!("{applied} of {pairs} pairs applied, waiting for the node agents"),
+            )
         });
         conditions.push(match status.failures.first() {
             Some(first) => {
                 let more = total_failures - 1;
                 let tail = if more > 0 { format!(" (and {more} more)") } else { String::new() };
-                cond(DEGRADED, true, &first.reason, &format!("{}: {}{tail}", first.pod, first.message))
+                // Every failure here was written from a `FailureReason`: the plan's exclusions and the agents'
+                // replies (`progress.rs`).
+                let reason = FailureReason::parse(&first.reason).expect("a failure's reason is a FailureReason");
+                cond(DEGRADED, true, LinkReason::Failure(reason), &format!("{}: {}{tail}", first.pod, first.message))
             }
-            None => cond(DEGRADED, false, "AsExpected", "every selected pod is shaped"),
+            None => cond(DEGRADED, false, LinkReason::AsExpected, "every selected pod is shaped"),
         });
     }
     conditions.push(if status.overlaps.is_empty() {
-        cond(OVERLAPPING, false, "NoOverlap", "no other NetworkLink covers these pairs")
+        cond(OVERLAPPING, false, LinkReason::NoOverlap, "no other NetworkLink covers these pairs")
     } else {
         let list: Vec<String> = status
             .overlaps
             .iter()
             .map(|o| format!("{} (this link wins {}, loses {})", o.link, o.won, o.lost))
             .collect();
-        cond(OVERLAPPING, true, "SharedPairs", &format!("pairs shared with {}", list.join(", ")))
+        cond(OVERLAPPING, true, LinkReason::SharedPairs, &format!("pairs shared with {}", list.join(", ")))
     });
     conditions
 }
@@ -155,11 +172,11 @@ fn capped(status: &NetworkLinkStatus, first: Option<&QueueCap>) -> String {
     }
 }
 
-fn cond(type_: &str, status: bool, reason: &str, message: &str) -> Condition {
+fn cond(type_: &str, status: bool, reason: LinkReason, message: &str) -> Condition {
     Condition {
         type_: type_.to_owned(),
         status: if status { "True" } else { "False" }.to_owned(),
-        reason: reason.to_owned(),
+        reason: reason.as_str().to_owned(),
         message: message.to_owned(),
         observed_generation: None,
         last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
@@ -183,7 +200,6 @@ pub fn transitions<'a>(
 mod tests {
     use super::*;
     use crate::api::SpecError;
-    use crate::failure::FailureReason;
     use crate::index::ObjectKey;
     use crate::plan::{Exclusion, Overlap};
 

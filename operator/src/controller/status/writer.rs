@@ -16,9 +16,9 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use super::schedule::{refresh_due, schedule_status};
-use super::{DEGRADED, OVERLAPPING, READY, link_status, progress, transitions};
+use super::{DEGRADED, LinkReason, OVERLAPPING, READY, link_status, progress, transitions};
 use crate::api::{NetworkLinkStatus, ScheduleState, ScheduleStatus, StoredLink};
-use crate::controller::writes::{self, write_while_leading};
+use crate::controller::write_loop::{self, write_while_leading};
 use crate::controller::{Context, Controller};
 use crate::index::ObjectKey;
 use crate::plan::LinkFacts;
@@ -31,7 +31,7 @@ struct StatusJob {
     reference: ObjectReference,
 }
 
-type Jobs = writes::Jobs<StatusJob>;
+type Jobs = write_loop::Jobs<StatusJob>;
 
 /// The statuses to check and to write.
 #[derive(Debug, Default)]
@@ -203,7 +203,7 @@ async fn publish_transitions(ctx: &Context, key: &ObjectKey, job: &StatusJob) {
     for c in transitions(job.previous.as_ref(), &job.status) {
         let type_ = match (c.type_.as_str(), c.status.as_str()) {
             (DEGRADED, "True") => EventType::Warning,
-            (READY, "True") if c.reason == "Applied" => EventType::Normal,
+            (READY, "True") if LinkReason::parse(&c.reason) == Some(LinkReason::Applied) => EventType::Normal,
             (OVERLAPPING, "True") => EventType::Normal,
             _ => continue,
         };

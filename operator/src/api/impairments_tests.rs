@@ -1,3 +1,5 @@
+use std::time::Duration;
+
 use super::*;
 
 fn spec(yaml: &str) -> NetworkLinkSpec {
@@ -116,14 +118,6 @@ fn gilbert_elliott_defaults() {
             loss_in_good: Percent::ZERO,
         })
     );
-}
-
-#[test]
-fn formats() {
-    assert_eq!(format_duration(Duration::from_micros(1500)), "1.5ms");
-    assert_eq!(format_duration(Duration::from_secs(2)), "2s");
-    assert_eq!(format_rate(1_500_000_000), "1.5Gbit");
-    assert_eq!(format_rate(64_000), "64kbit");
 }
 
 /// Random specs built from unit-like strings: resolving never panics, and what resolves is valid for the agent.
