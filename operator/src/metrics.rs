@@ -37,7 +37,8 @@ pub struct OutcomeLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct VerdictLabels {
-    pub verdict: crate::admission::review::AdmissionOutcome,
+    /// `AdmissionOutcome::as_str`.
+    pub verdict: &'static str,
 }
 
 /// One direction of one NetworkLink: bounded by the links, never per pod or IP.

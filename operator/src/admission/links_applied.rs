@@ -4,10 +4,10 @@
 //! server nothing; a pod is answered only when named with its UID, which only it knows.
 
 use k8s_openapi::api::core::v1::Pod;
-use serde::{Deserialize, Serialize};
 use kube::Api;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
+use serde::{Deserialize, Serialize};
 
 use super::hold::HOLD_LABEL;
 use crate::gate::CONDITION_TYPE;

@@ -25,12 +25,6 @@ impl AdmissionOutcome {
     }
 }
 
-impl prometheus_client::encoding::EncodeLabelValue for AdmissionOutcome {
-    fn encode(&self, encoder: &mut prometheus_client::encoding::LabelValueEncoder) -> Result<(), std::fmt::Error> {
-        std::fmt::Write::write_str(encoder, self.as_str())
-    }
-}
-
 /// The answer to an AdmissionReview body: always a review (an unreadable one is answered as invalid, which
 /// the API server reports as a refusal).
 pub fn answer(body: &[u8]) -> (AdmissionReview<DynamicObject>, AdmissionOutcome) {

@@ -128,7 +128,7 @@ async fn handle(
                 Err(response) => return response,
             };
             let (answer, verdict) = review::answer(&body);
-            metrics.admission_reviews.get_or_create(&VerdictLabels { verdict }).inc();
+            metrics.admission_reviews.get_or_create(&VerdictLabels { verdict: verdict.as_str() }).inc();
             if let Some(r) = &answer.response {
                 tracing::debug!(uid = %r.uid, allowed = r.allowed, message = %r.result.message, "NetworkTopology reviewed");
             }

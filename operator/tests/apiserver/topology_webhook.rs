@@ -88,7 +88,7 @@ impl Webhook {
 
     /// The reviews answered with `verdict`.
     fn answered(&self, verdict: AdmissionOutcome) -> u64 {
-        self.metrics.admission_reviews.get_or_create(&VerdictLabels { verdict }).get()
+        self.metrics.admission_reviews.get_or_create(&VerdictLabels { verdict: verdict.as_str() }).get()
     }
 
     pub fn topologies(&self) -> Api<DynamicObject> {
