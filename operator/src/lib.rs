@@ -5,6 +5,7 @@
 //! - [`index`]: an in-memory store of the Kubernetes objects that matter, fed by watch events;
 //! - [`plan`]: the pure, incremental computation of each node's plan and each link's status facts;
 //! - [`failure`]: why a pod is not shaped and why an agent call failed, each spelled once;
+//! - [`flags`]: the operator binary's command line and the configurations it makes;
 //! - [`gate`]: the pod readiness gate `isthmus.dev/links-applied`: its condition and reasons;
 //! - [`controller`]: watches, per-node dispatch to the agents, status and the cleanup finalizer;
 //! - [`leader`]: leader election on a Lease, fenced on the Lease's own expiry;
@@ -18,6 +19,7 @@ pub mod admission;
 pub mod api;
 pub mod controller;
 pub mod failure;
+pub mod flags;
 pub mod gate;
 pub mod https;
 pub mod index;
