@@ -1,4 +1,4 @@
-//! Installed objects vs desired objects → the ordered operations that turn one into the other ([`plan`] from a
+//! Installed objects vs desired objects → the ordered operations that turn one into the other ([`operations`] from a
 //! desired state, [`diff`] from a desired tree). Pure.
 //!
 //! Ordering follows the kernel's rules: deletions first — filters (entries and links before the hash tables
@@ -254,7 +254,7 @@ pub fn diff(installed: &[TcObject], desired: &[TcObject]) -> Vec<Operation> {
 
 /// The operations that bring the interface holding the isthmus objects `ours` to `desired` (root ownership
 /// already checked).
-pub fn plan(place: &Place, ours: &[TcObject], desired: &DesiredState) -> Result<Vec<Operation>, DatapathError> {
+pub fn operations(place: &Place, ours: &[TcObject], desired: &DesiredState) -> Result<Vec<Operation>, DatapathError> {
     let slots =
         handles::assign_slots(desired.destinations().map(|(d, _)| d), &installed_destinations(ours)).map_err(|e| {
             DatapathError::invalid(

@@ -22,7 +22,7 @@ fn place() -> Place {
 fn reconcile(kernel: &mut SimKernel, desired: &DesiredState) -> Result<Vec<Operation>, String> {
     let dump = kernel.dump();
     let ours = owned(&dump);
-    let ops = plan(&place(), &ours, desired).map_err(|e| e.to_string())?;
+    let ops = operations(&place(), &ours, desired).map_err(|e| e.to_string())?;
     for op in &ops {
         kernel.apply(op)?;
     }
@@ -172,7 +172,7 @@ fn update(
     record: &[TcObject],
     desired: &DesiredState,
 ) -> Result<(Vec<Operation>, Option<Vec<TcObject>>), String> {
-    let ops = plan(&place(), record, desired).map_err(|e| e.to_string())?;
+    let ops = operations(&place(), record, desired).map_err(|e| e.to_string())?;
     for op in &ops {
         kernel.apply(op)?;
     }

@@ -9,7 +9,7 @@
 //!   arithmetic, which the userspace emulator's token bucket follows too; [`queue`]: the byte budgets every queue
 //!   is held to.
 //! - [`installed`]: what of a dump is isthmus's (whose root, which objects, which destination in which slot).
-//! - [`diff`]: installed objects vs desired state → the minimal ordered list of operations (`plan`); checked
+//! - [`diff`]: installed objects vs desired state → the minimal ordered list of operations (`operations`); checked
 //!   in its tests against `sim_kernel`, an in-memory model of the kernel's tc rules (tests only).
 //! - `netlink`: model objects ⇄ rtnetlink messages (hand-encoded htb, tbf, netem), extended acks.
 //! - `batch`: mutations packed many to a `sendmsg` (as `tc -batch` does), refusals matched by sequence number.

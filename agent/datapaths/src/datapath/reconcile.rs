@@ -169,7 +169,7 @@ impl Datapath {
             debug!(netns = %self.netns.id(), interface, was = record.ifindex, now = ifindex, "interface replaced; reconciling from a dump");
             return self.reconcile_from_dump(&mut records, interface, desired).await;
         }
-        let operations = match diff::plan(&place, &record.objects, desired) {
+        let operations = match diff::operations(&place, &record.objects, desired) {
             Ok(operations) => operations,
             Err(error) => {
                 // Nothing was sent: the record still describes the kernel.
@@ -213,7 +213,7 @@ impl Datapath {
             return Ok(ReconcileReport::default());
         }
         let ours = installed::owned(&dump.objects);
-        let operations = diff::plan(&place, &ours, desired)?;
+        let operations = diff::operations(&place, &ours, desired)?;
         let report = report_of(&operations);
         let next = diff::after(ours, &operations);
         self.send(&place, ifindex, operations).await?;
