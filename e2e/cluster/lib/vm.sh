@@ -17,6 +17,8 @@ VM_KERNEL=${ISTHMUS_VM_KERNEL:-bookworm}
 VM_MEM_MIB=${ISTHMUS_VM_MEM_MIB:-2560}
 VM_GUEST=$CLUSTER_HOME/lib/vm-guest.sh
 REPO_ROOT=$(cd "$CLUSTER_HOME/../.." && pwd)
+# The rig prepares the nodes' kernels, writes their first stage and boots them (its Rust, tested with the rig).
+RIG=$REPO_ROOT/e2e/kernel/rig
 
 # The guests' clocks follow this machine's through NTP (chrony): a guest's kernel starts from the emulated RTC,
 # which holds whole seconds, and two bookworm nodes booted together read 1.35 s and 0.82 s behind this machine
@@ -42,59 +44,19 @@ vm_preflight() {
 
 vm_install() {
   local_install
-  command -v cpio >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends cpio >/dev/null
   case $VM_KERNEL in
     sid) ;;
     bookworm) command -v qemu-system-x86_64 >/dev/null || die "qemu-system-x86_64 is missing (the rig installs it)" ;;
     *) die "ISTHMUS_VM_KERNEL must be sid or bookworm (got '$VM_KERNEL')" ;;
   esac
   # The rig resolves, downloads and prepares the kernel (cached): vmlinux or linux.uml and its modules.
-  VM_ENTRY=$("$REPO_ROOT/e2e/kernel/rig" entry "$VM_KERNEL" | tail -n 1)
+  VM_ENTRY=$("$RIG" entry "$VM_KERNEL" | tail -n 1)
   VM_RELEASE=$(cat "$VM_ENTRY/release")
 }
 
-# The guest's first stage: busybox mounts this machine's / read-only, lays a tmpfs over it (overlay), shares
-# the node's io directory writable, and hands over to vm-guest.sh as PID 1.
-vm_initramfs() { # OUT
-  local out=$1 root m
-  root=$(mktemp -d "$CLUSTER_DIR/initramfs.XXXXXX")
-  mkdir -p "$root"/{bin,proc,sys,dev,host,new,upper,modules}
-  cp /bin/busybox "$root/bin/busybox"
-  for m in sh mount mkdir insmod switch_root cat echo sleep poweroff; do ln -s busybox "$root/bin/$m"; done
-  local mods=(overlay)
-  [ "$VM_KERNEL" = sid ] || mods=(virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci
-                                  9pnet 9pnet_virtio netfs fscache 9p overlay)
-  for m in "${mods[@]}"; do
-    local f; f=$(find "$VM_ENTRY/lib/modules/$VM_RELEASE" -name "$m.ko*" | head -n 1)
-    [ -n "$f" ] || continue   # built in
-    case $f in *.xz) xz -dc "$f" ;; *.zst) zstd -qdc "$f" ;; *) cat "$f" ;; esac >"$root/modules/$m.ko"
-    echo "$m" >>"$root/modules/order"
-  done
-  cat >"$root/init" <<'EOF'
-#!/bin/sh
-export PATH=/bin
-mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
-for m in $(cat /modules/order 2>/dev/null); do insmod /modules/$m.ko || echo "ISTHMUS-VM insmod $m failed"; done
-if [ "$ISTHMUS_VM_KERNEL" = sid ]; then
-  mount -t hostfs -o / -r none /host
-else
-  mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose host /host
-fi
-mount -t tmpfs -o mode=0755 upper /upper && mkdir -p /upper/up /upper/work
-mount -t overlay overlay -o lowerdir=/host,upperdir=/upper/up,workdir=/upper/work /new || { echo "ISTHMUS-VM overlay failed"; poweroff -f; }
-mkdir -p "/new$ISTHMUS_VM_IO"
-if [ "$ISTHMUS_VM_KERNEL" = sid ]; then
-  mount -t hostfs -o "$ISTHMUS_VM_IO" none "/new$ISTHMUS_VM_IO"
-else
-  mount -t 9p -o trans=virtio,version=9p2000.L,cache=none io "/new$ISTHMUS_VM_IO"
-fi
-umount /proc /sys /dev 2>/dev/null
-exec switch_root /new /bin/bash "$ISTHMUS_VM_GUEST"
-EOF
-  chmod +x "$root/init"
-  (cd "$root" && find . | cpio -o -H newc --quiet) >"$out"
-  rm -rf "$root"
-}
+# The guest's first stage (e2e/kernel/src/bin/isthmus-rig/node.rs): busybox, the modules that reach this
+# machine's files, and an /init that mounts them read-only under a tmpfs and hands over to vm-guest.sh.
+vm_initramfs() { "$RIG" node-initramfs "$VM_KERNEL" "$VM_ENTRY" "$1"; }
 
 # The node's configuration, written before it boots (the guest reads it through its read-only view).
 vm_node_config() { # I
@@ -196,32 +158,15 @@ EOF
   start_bg chronyd chronyd -x -d -u root -f "$CLUSTER_DIR/chrony-server.conf"
 }
 
-vm_boot() { # I: starts the guest, detached; its console goes to logs/<node>-console.log
+vm_boot() { # I: starts the guest, detached; its console goes to logs/<node>-vm.log
   local i=$1 name tap io d
   name=$(node_name "$i"); tap=$(vm_tap "$i"); io=$(vm_io "$i"); d=$(node_dir "$i")
   ip tuntap add "$tap" mode tap
   ip link set "$tap" master "$BRIDGE" up
-  local env=(ISTHMUS_VM_KERNEL="$VM_KERNEL" ISTHMUS_VM_IO="$io" ISTHMUS_VM_GUEST="$VM_GUEST"
-             ISTHMUS_VM_NODE_ENV="$d/node.env")
-  case $VM_KERNEL in
-    sid)
-      # UML's memory is a file it unlinks at once; on /dev/shm it never reaches the disk. The patched ELF
-      # interpreter is ./ld.so: the working directory must be the kernel's cache entry.
-      start_bg "$name-vm" env -C "$VM_ENTRY" TMPDIR=/dev/shm LD_LIBRARY_PATH="$VM_ENTRY" ./linux.uml \
-        mem="${VM_MEM_MIB}M" initrd="$CLUSTER_DIR/initramfs.cpio" con0=null,fd:1 con=null ssl=null \
-        umid="$CLUSTER_NAME-$i" uml_dir="$d/uml" "vec0:transport=tap,ifname=$tap,mac=$(vm_mac "$i")" \
-        quiet loglevel=4 "${env[@]}"
-      ;;
-    bookworm)
-      start_bg "$name-vm" qemu-system-x86_64 -accel tcg -cpu max -m "$VM_MEM_MIB" -smp 1 -nodefaults \
-        -no-reboot -display none -monitor none -serial stdio \
-        -kernel "$VM_ENTRY/vmlinux" -initrd "$CLUSTER_DIR/initramfs.cpio" \
-        -append "console=ttyS0 panic=-1 quiet loglevel=4 ${env[*]}" \
-        -virtfs local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap \
-        -virtfs "local,path=$io,mount_tag=io,security_model=none" \
-        -netdev "tap,id=n0,ifname=$tap,script=no,downscript=no" -device "virtio-net-pci,netdev=n0,mac=$(vm_mac "$i")"
-      ;;
-  esac
+  # The rig's boot becomes the guest (exec): the pid start_bg records is the guest's.
+  start_bg "$name-vm" "$RIG" node-boot "$VM_KERNEL" "$VM_ENTRY" --initramfs "$CLUSTER_DIR/initramfs.cpio" \
+    --mem "$VM_MEM_MIB" --tap "$tap" --mac "$(vm_mac "$i")" --io "$io" --uml-dir "$d/uml" --umid "$CLUSTER_NAME-$i" \
+    --guest "$VM_GUEST" --node-env "$d/node.env"
 }
 
 # vm_exec I CMD [ARG...]: runs the command inside node I's guest and prints its output and exit status; the

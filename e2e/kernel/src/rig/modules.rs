@@ -3,6 +3,8 @@
 
 use std::collections::HashSet;
 
+use crate::rig::rules::Kernel;
+
 /// What the datapath may ask of the kernel, and what the kernel tests check is there.
 pub const MODULES: [&str; 11] = [
     "sch_netem",
@@ -17,6 +19,16 @@ pub const MODULES: [&str; 11] = [
     "ifb",
     "dummy",
 ];
+
+/// What an e2e cluster node's first stage (the vm provider's) loads before it can mount this machine's files:
+/// overlayfs for the writable layer, and under QEMU the virtio PCI transport and 9p for the shares (UML's
+/// hostfs and its console are built in). The rest of the node's modules come later, from its own module tree.
+pub fn node_first_stage(kernel: Kernel) -> &'static [&'static str] {
+    match kernel {
+        Kernel::Bookworm => &["virtio_pci", "9pnet_virtio", "9p", "overlay"],
+        Kernel::Sid => &["overlay"],
+    }
+}
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("module {0} is neither a module nor built into this kernel")]
@@ -88,5 +100,45 @@ mod tests {
             ]
         );
         assert_eq!(load_order(dep, builtin, &["sch_fq"]), Err(MissingModule("sch_fq".into())));
+    }
+
+    /// bookworm 6.1's own `modules.dep` lines for the node's first stage: each module comes after what it needs
+    /// (the vm provider listed these eleven by hand before they were derived).
+    #[test]
+    fn a_bookworm_node_loads_virtio_and_9p_before_the_overlay() {
+        let dep = "kernel/fs/overlayfs/overlay.ko:\n\
+                   kernel/fs/9p/9p.ko: kernel/net/9p/9pnet.ko kernel/fs/fscache/fscache.ko kernel/fs/netfs/netfs.ko\n\
+                   kernel/drivers/virtio/virtio_pci.ko: kernel/drivers/virtio/virtio_pci_legacy_dev.ko \
+                   kernel/drivers/virtio/virtio_pci_modern_dev.ko kernel/drivers/virtio/virtio.ko \
+                   kernel/drivers/virtio/virtio_ring.ko\n\
+                   kernel/net/9p/9pnet_virtio.ko: kernel/net/9p/9pnet.ko kernel/drivers/virtio/virtio.ko \
+                   kernel/drivers/virtio/virtio_ring.ko\n\
+                   kernel/drivers/virtio/virtio_pci_legacy_dev.ko:\nkernel/drivers/virtio/virtio_pci_modern_dev.ko:\n\
+                   kernel/drivers/virtio/virtio.ko: kernel/drivers/virtio/virtio_ring.ko\n\
+                   kernel/drivers/virtio/virtio_ring.ko:\nkernel/net/9p/9pnet.ko:\n\
+                   kernel/fs/fscache/fscache.ko: kernel/fs/netfs/netfs.ko\nkernel/fs/netfs/netfs.ko:\n";
+        let names: Vec<String> = load_order(dep, "", node_first_stage(Kernel::Bookworm))
+            .unwrap()
+            .iter()
+            .map(|p| module_name(p).to_owned())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "virtio_pci_legacy_dev",
+                "virtio_pci_modern_dev",
+                "virtio_ring",
+                "virtio",
+                "virtio_pci",
+                "9pnet",
+                "9pnet_virtio",
+                "netfs",
+                "fscache",
+                "9p",
+                "overlay"
+            ]
+        );
+        let uml = load_order("kernel/fs/overlayfs/overlay.ko:\n", "", node_first_stage(Kernel::Sid)).unwrap();
+        assert_eq!(uml, ["kernel/fs/overlayfs/overlay.ko"]);
     }
 }

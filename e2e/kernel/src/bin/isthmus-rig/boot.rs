@@ -1,6 +1,6 @@
-//! Booting a guest: bookworm's kernel under QEMU's full emulation (TCG) or sid's User-Mode Linux as an
-//! ordinary process, with the console captured to a file, a time limit, and the whole process group killed
-//! when it is reached, when the rig is interrupted, or when the rig itself fails.
+//! Booting a test guest (its command line is guest.rs's), with the console captured to a file, a time limit,
+//! and the whole process group killed when it is reached, when the rig is interrupted, or when the rig itself
+//! fails.
 
 use std::fs::File;
 use std::os::unix::process::CommandExt;
@@ -16,6 +16,7 @@ use isthmus_kernel_tests::rig::rules::Kernel;
 use nix::sys::signal::{SigHandler, Signal, kill, signal};
 use nix::unistd::Pid;
 
+use crate::guest::Guest;
 use crate::kernels::{Prepared, base_initramfs};
 
 /// PID 1 of the guest: mount, load the datapath's modules, run the tests, report, power off.
@@ -111,42 +112,27 @@ impl Boot<'_> {
     }
 
     fn command(&self, label: &str, initramfs: &Path) -> Command {
-        let d = &self.entry.dir;
+        let uml_dir = self.run_dir.join("uml");
+        let env = self.guest_env(label);
+        let guest = Guest {
+            kernel: self.kernel,
+            entry: &self.entry.dir,
+            initramfs,
+            mem_mib: 512,
+            loglevel: 1,
+            uml_dir: &uml_dir,
+            umid: "rig",
+            interactive: self.shell,
+            env: &env,
+        };
+        let mut c = guest.command();
         match self.kernel {
             Kernel::Bookworm => {
-                let mut c = Command::new("qemu-system-x86_64");
-                c.args(["-accel", "tcg", "-cpu", "max", "-m", "512", "-smp", "1", "-nodefaults", "-no-reboot"])
-                    .args(["-display", "none", "-monitor", "none", "-serial", "stdio"])
-                    .arg("-kernel")
-                    .arg(d.join("vmlinux"))
-                    .arg("-initrd")
-                    .arg(initramfs)
-                    .arg("-append")
-                    .arg(format!("console=ttyS0 panic=-1 quiet loglevel=1 {}", self.guest_env(label).join(" ")))
-                    .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=0x04"]);
-                c
+                c.args(["-device", "isa-debug-exit,iobase=0xf4,iosize=0x04"]);
             }
-            Kernel::Sid => {
-                let uml_dir = self.run_dir.join("uml");
-                let _ = std::fs::create_dir_all(&uml_dir);
-                // UML's memory is a file it unlinks right after creating it; on tmpfs it never reaches the disk
-                let memdir = if is_tmpfs("/dev/shm") { PathBuf::from("/dev/shm") } else { self.run_dir.to_owned() };
-                // cwd = the entry: the patched ELF interpreter is ./ld.so
-                let mut c = Command::new(d.join("linux.uml"));
-                c.current_dir(d)
-                    .env("LD_LIBRARY_PATH", d)
-                    .env("TMPDIR", memdir)
-                    .arg("mem=512M")
-                    .arg(format!("initrd={}", initramfs.display()))
-                    .arg(format!("con0={}", if self.shell { "fd:0,fd:1" } else { "null,fd:1" }))
-                    .args(["con=null", "ssl=null", "quiet", "loglevel=1"])
-                    .arg(format!("uml_dir={}", uml_dir.display()))
-                    .arg("umid=rig")
-                    .args(self.guest_env(label));
-                pin_to_one_cpu(&mut c);
-                c
-            }
+            Kernel::Sid => pin_to_one_cpu(&mut c),
         }
+        c
     }
 
     /// Boots, waits (at most `timeout`), and returns the status and the console file.
@@ -222,10 +208,6 @@ fn pin_to_one_cpu(command: &mut Command) {
     unsafe {
         command.pre_exec(move || sched_setaffinity(Pid::from_raw(0), &one).map_err(std::io::Error::from));
     }
-}
-
-fn is_tmpfs(path: &str) -> bool {
-    nix::sys::statfs::statfs(path).is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC)
 }
 
 /// The host's 1-minute load average: the guests' timing depends on it.

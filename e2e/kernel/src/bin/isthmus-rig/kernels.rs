@@ -168,27 +168,34 @@ fn collect_modules(mdir: &Path, out: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(&dest)?;
     let mut names = String::new();
     for path in order {
-        let file = path.rsplit('/').next().unwrap_or(&path);
-        let (name, decompress) = match file.rsplit_once('.') {
-            Some((stem, "xz")) => (stem, Some("xz")),
-            Some((stem, "zst")) => (stem, Some("zstd")),
-            Some((stem, "gz")) => (stem, Some("gzip")),
-            _ => (file, None),
-        };
-        let bytes = match decompress {
-            Some(tool) => {
-                let o = Command::new(tool).arg("-dc").arg(mdir.join(&path)).output()?;
-                ensure!(o.status.success(), "{tool} -dc {path} failed");
-                o.stdout
-            }
-            None => std::fs::read(mdir.join(&path))?,
-        };
-        std::fs::write(dest.join(name), bytes)?;
-        names.push_str(name);
+        let (name, bytes) = read_module(mdir, &path)?;
+        std::fs::write(dest.join(&name), bytes)?;
+        names.push_str(&name);
         names.push('\n');
     }
     std::fs::write(dest.join("load.order"), names)?;
     Ok(())
+}
+
+/// A module's file name without its compression suffix, and its bytes uncompressed (insmod in busybox reads
+/// no compressed module). `path` is relative to `mdir`, as `modules.dep` writes it.
+pub fn read_module(mdir: &Path, path: &str) -> anyhow::Result<(String, Vec<u8>)> {
+    let file = path.rsplit('/').next().unwrap_or(path);
+    let (name, decompress) = match file.rsplit_once('.') {
+        Some((stem, "xz")) => (stem, Some("xz")),
+        Some((stem, "zst")) => (stem, Some("zstd")),
+        Some((stem, "gz")) => (stem, Some("gzip")),
+        _ => (file, None),
+    };
+    let bytes = match decompress {
+        Some(tool) => {
+            let o = Command::new(tool).arg("-dc").arg(mdir.join(path)).output()?;
+            ensure!(o.status.success(), "{tool} -dc {path} failed");
+            o.stdout
+        }
+        None => std::fs::read(mdir.join(path)).with_context(|| format!("reading {}", mdir.join(path).display()))?,
+    };
+    Ok((name.to_owned(), bytes))
 }
 
 /// The whole module tree with its `modules.dep`, at `lib/modules/<release>`: the e2e cluster's nodes boot this

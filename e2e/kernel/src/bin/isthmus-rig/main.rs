@@ -13,6 +13,8 @@
 //! isthmus-rig resolve               each rule, and what the cache and the archive answer today
 //! isthmus-rig entry KERNEL          the prepared kernel's cache directory (fetched if needed), for the e2e
 //!                                   cluster's nodes: `vmlinux` or `linux.uml`, `lib/modules/<release>`, `release`
+//! isthmus-rig node-initramfs …      an e2e cluster node's first stage, and
+//! isthmus-rig node-boot …           its boot (the vm provider's; usage in node.rs)
 //! ```
 //! `host` is this machine's own kernel, where the userspace datapath's tests run natively (src/bin/isthmus-rig/
 //! host.rs); without `--kernel` all three run.
@@ -23,8 +25,10 @@
 mod apt;
 mod boot;
 mod build;
+mod guest;
 mod host;
 mod kernels;
+mod node;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -79,12 +83,26 @@ fn main() -> ExitCode {
 
 fn real_main() -> anyhow::Result<ExitCode> {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        Some("node-initramfs") => {
+            let [kernel, entry, out] = &args[1..] else { bail!("usage: rig node-initramfs KERNEL ENTRY OUT") };
+            let kernel =
+                Kernel::parse(kernel).with_context(|| format!("KERNEL must be bookworm or sid, not {kernel:?}"))?;
+            node::write_initramfs(kernel, Path::new(entry), Path::new(out))?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        Some("node-boot") => return Err(node::NodeBoot::parse(&args[1..])?.exec()),
+        _ => {}
+    }
     let (command, rest) = match args.first().map(String::as_str) {
         Some(c @ ("all" | "bench" | "fetch" | "build" | "run" | "list" | "shell" | "resolve" | "entry")) => {
             (c, &args[1..])
         }
         Some(a) if !a.starts_with("--") => {
-            eprintln!("rig: unknown command {a} (all, bench, fetch, build, run, list, shell, resolve, entry)");
+            eprintln!(
+                "rig: unknown command {a} (all, bench, fetch, build, run, list, shell, resolve, entry, node-initramfs, \
+                 node-boot)"
+            );
             return Ok(ExitCode::from(2));
         }
         _ => ("all", &args[..]),
