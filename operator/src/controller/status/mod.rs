@@ -17,8 +17,6 @@ mod reason;
 pub mod schedule;
 pub(super) mod writer;
 
-pub use writer::now_seconds;
-
 pub use measured::{CONFORMANT, MeasuredPart, measured_part, place_measured};
 pub use progress::{Outcome, Progress, judge_entry, progress};
 pub use reason::LinkReason;
