@@ -7,8 +7,9 @@ two jobs that cannot be read, tested or moved apart; the layering of each crate 
 The datapaths crate also keeps its documented order (`agent/datapaths/src/lib.rs`): each layer imports only
 the ones before it.
 
-Imports are read from code, not comments: every `crate::<module>` path, and `crate::{a, b::c}` groups. A
-binary under `src/bin/<name>/` is a crate of its own.
+Imports are read from code, not comments (found as Rust's lexer finds them, so a `//` in a string is none):
+every `crate::<module>` path, and `crate::{a, b::c}` groups. A binary under `src/bin/<name>/` is a crate of its
+own.
 """
 import os
 import re
@@ -30,10 +31,62 @@ def workspace_members():
     return re.findall(r'"([^"]+)"', members)
 
 
+# What opens a comment or a literal: `//`, `/*`, a string, a char literal or lifetime, a raw string (`r"…"`,
+# `r#"…"#`, after `b` or `c` too; not an identifier's `r` nor a raw identifier's `r#`).
+OPENER = re.compile(r"""//|/\*|"|'|(?<!\w)[bc]?r(#*)\"""")
+STRING_REST = re.compile(r'(?:[^"\\]|\\.)*"', re.S)
+BLOCK_MARK = re.compile(r"/\*|\*/")
+
+
 def code_of(text):
-    """The text without comments (line and block), so that doc links are not imports."""
-    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
-    return "\n".join(line.split("//", 1)[0] for line in text.split("\n"))
+    """The text without comments, so that doc links are not imports: `//` to the end of the line and `/* */`
+    (nested), read as Rust's lexer reads them. A `//` or `/*` inside a string (escapes included), a raw string
+    (`r#"…"#`) or a char literal (`'"'`) opens no comment, and a lifetime (`'a`) opens no literal. Strings are
+    kept; a block comment leaves its line breaks."""
+    out, i, start, n = [], 0, 0, len(text)
+    while opener := OPENER.search(text, i):
+        token, i = opener.group(), opener.start()
+        if token == "//":
+            out.append(text[start:i])
+            end = text.find("\n", i)
+            i = start = n if end < 0 else end
+        elif token == "/*":
+            out.append(text[start:i])
+            i = end_of_block_comment(text, i)
+            out.append("\n" * text.count("\n", start, i))
+            start = i
+        elif token == '"':
+            rest = STRING_REST.match(text, i + 1)
+            i = rest.end() if rest else n
+        elif token == "'":
+            i = end_of_char_or_lifetime(text, i)
+        else:
+            hashes = opener.group(1)
+            end = text.find('"' + hashes, opener.end())
+            i = n if end < 0 else end + 1 + len(hashes)
+    out.append(text[start:])
+    return "".join(out)
+
+
+def end_of_block_comment(text, i):
+    """Just past the `*/` that closes the block comment opened at `i`; Rust's nest."""
+    depth = 0
+    for mark in BLOCK_MARK.finditer(text, i):
+        depth += 1 if mark.group() == "/*" else -1
+        if depth == 0:
+            return mark.end()
+    return len(text)
+
+
+def end_of_char_or_lifetime(text, i):
+    """Past the char literal opened by the `'` at `i` (`'x'`, `'"'`, `'\\''`, `'\\u{…}'`), or just past the `'`
+    of a lifetime or label (`'a`, `'static`), which opens nothing."""
+    if text.startswith("\\", i + 1):
+        end = text.find("'", i + 3)
+        return len(text) if end < 0 else end + 1
+    if text.startswith("'", i + 2) and not text.startswith("'", i + 1):
+        return i + 3
+    return i + 1
 
 
 def imports_of(text):
@@ -152,6 +205,35 @@ class ImportCircles(unittest.TestCase):
         self.assertEqual(describe(graph, ["a", "b", "d"]), "a → b; b → d; d → a")
         graph["d"] = set()
         self.assertEqual(circles(graph), [])
+
+    def test_a_url_in_a_string_hides_no_import_after_it(self):
+        self.assertEqual(imports_of('let u = "https://example.com"; use crate::b::X; // crate::c'), {"b"})
+        self.assertEqual(imports_of('f("a /* b"); crate::d::g(); /* crate::e */'), {"d"})
+
+    def test_escapes_end_no_string_early(self):
+        self.assertEqual(imports_of(r'let s = "\"// still the string\\"; use crate::a; // crate::b'), {"a"})
+        self.assertEqual(imports_of('let s = "\\\\"; use crate::a; // crate::b'), {"a"}, "an escaped backslash")
+
+    def test_raw_strings_hold_comment_markers(self):
+        text = 'let s = r#"a // "quoted" /* b"#; use crate::a; // crate::b\nlet t = r"//"; crate::c::f();'
+        self.assertEqual(imports_of(text), {"a", "c"})
+        self.assertEqual(imports_of('let s = br##"a "# // b"##; crate::a::f(); // crate::b'), {"a"})
+        self.assertEqual(imports_of("let r#type = 1; // crate::b\nuse crate::a;"), {"a"}, "a raw identifier")
+
+    def test_block_comments_nest(self):
+        text = "/* outer /* crate::x */ crate::y */ use crate::z;\n/*\n crate::w\n*/ crate::v::f();"
+        self.assertEqual(imports_of(text), {"z", "v"})
+        self.assertEqual(code_of("a /* b\nc */ d // e\nf"), "a \n d \nf", "a block comment keeps its line breaks")
+
+    def test_char_literals_and_lifetimes(self):
+        quote = """let q = '"'; let u = "https://x"; use crate::a; // crate::b"""
+        self.assertEqual(imports_of(quote), {"a"}, "a quote as a char opens no string")
+        self.assertEqual(imports_of(r"""let q = '\''; let u = "//"; use crate::a; // crate::b"""), {"a"})
+        self.assertEqual(imports_of(r"""let q = b'\\'; let u = '\u{22}'; use crate::a; // crate::b"""), {"a"})
+        lifetime = "fn f(x: &'static str) { crate::a::g(x) } // crate::b"
+        self.assertEqual(imports_of(lifetime), {"a"}, "a lifetime opens no literal")
+        labels = "fn f<'a>(x: &'a str) { 'l: loop { break 'l; } } // crate::b \"\nuse crate::c;"
+        self.assertEqual(imports_of(labels), {"c"})
 
 
 if __name__ == "__main__":

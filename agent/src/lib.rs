@@ -9,4 +9,5 @@ pub mod explain;
 pub mod measure;
 pub mod metrics;
 pub mod node;
+pub mod probe_path;
 pub mod server;

@@ -20,7 +20,7 @@ use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-pub use self::probe::{DirectionLabel, ProbeLabels, ProbeMetrics, ProbePath};
+pub use self::probe::{DirectionLabel, ProbeLabels, ProbeMetrics};
 
 /// The source pod of link samples, shared by all its destinations.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -2,6 +2,7 @@
 //!
 //! - [`api`]: the `NetworkLink` custom resource, with its schema, presets and resolution into impairments;
 //! - [`unit_syntax`]: the one parser of durations, percentages, rates and sizes;
+//! - [`clock`]: now, in the whole seconds the API server keeps;
 //! - [`index`]: an in-memory store of the Kubernetes objects that matter, fed by watch events;
 //! - [`plan`]: the pure, incremental computation of each node's plan and each link's status facts;
 //! - [`failure`]: why a pod is not shaped and why an agent call failed, each spelled once;
@@ -17,6 +18,7 @@
 
 pub mod admission;
 pub mod api;
+pub mod clock;
 pub mod controller;
 pub mod failure;
 pub mod flags;

@@ -36,8 +36,8 @@ pub struct OutcomeLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct VerdictLabels {
-    /// `AdmissionOutcome::as_str`.
+pub struct AdmissionOutcomeLabels {
+    /// `AdmissionOutcome::as_str`. The label keeps its released name, `verdict`: dashboards and alerts match it.
     pub verdict: &'static str,
 }
 
@@ -64,7 +64,7 @@ pub struct Metrics {
     pub status_patches: Family<ResultLabels, Counter>,
     pub gate_patches: Family<ResultLabels, Counter>,
     pub leader: Gauge,
-    pub admission_reviews: Family<VerdictLabels, Counter>,
+    pub admission_reviews: Family<AdmissionOutcomeLabels, Counter>,
     /// Requests to the HTTPS metrics listener by what their bearer token got (`crate::metrics_https`).
     pub metrics_auth: Family<OutcomeLabels, Counter>,
     /// What each verified link's configuration predicts for a probe's round trip, without the path's baseline.

@@ -13,7 +13,7 @@ use isthmus_agent_api::{Impairment, Loss};
 
 use isthmus_datapaths::emulator::random::Rng;
 
-use crate::metrics::ProbePath;
+use crate::probe_path::ProbePath;
 
 /// One send in this many is a baseline probe.
 pub const BASELINE_EVERY: u64 = 4;

@@ -17,9 +17,9 @@ use super::sample::{Pair, SourcePod, sample};
 use super::socket::{self, EchoReply, IcmpSocket};
 use super::window::{Probed, Windows};
 use crate::metrics::Metrics;
-use crate::metrics::ProbePath;
 use crate::node::Node;
 use crate::node::ProbeView;
+use crate::probe_path::ProbePath;
 use isthmus_datapaths::netns::{Netns, NetnsId};
 
 /// The port TCP SYN probes go to. Whatever it is, the destination's kernel answers: a SYN-ACK where something

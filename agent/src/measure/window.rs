@@ -25,7 +25,7 @@ use isthmus_agent_api::measure::{LinkMeasurement, ProbeKind, ProbeWindow, Unmeas
 use isthmus_agent_api::schedule::{Position, Timeline};
 
 use super::pacing;
-use crate::metrics::ProbePath;
+use crate::probe_path::ProbePath;
 
 /// How long after a change of phase a scheduled link's probes count again, and how long (plus the phase's one-way
 /// latency out, after which a probe would meet the next phase on its way back) before the next change they stop:

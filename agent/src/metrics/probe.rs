@@ -13,14 +13,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use std::fmt::Write as _;
 
-/// Which path a probe takes: the prober's choice, and a label of its series.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum ProbePath {
-    /// From inside the source pod: through the link's impairment.
-    Impaired,
-    /// From the node's own namespace: the same destination without the impairment.
-    Baseline,
-}
+use crate::probe_path::ProbePath;
 
 /// `direction` as a label value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -31,15 +24,6 @@ impl EncodeLabelValue for DirectionLabel {
         encoder.write_str(match self.0 {
             Direction::Forward => "forward",
             Direction::Reverse => "reverse",
-        })
-    }
-}
-
-impl EncodeLabelValue for ProbePath {
-    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> std::fmt::Result {
-        encoder.write_str(match self {
-            ProbePath::Impaired => "impaired",
-            ProbePath::Baseline => "baseline",
         })
     }
 }

@@ -16,7 +16,7 @@ use super::links_applied::{HeldPods, parse_query};
 use super::{HOLD_PATH, LINKS_APPLIED_PATH, TOPOLOGIES_PATH, review};
 pub use crate::https::ServingCertificate;
 use crate::https::plain;
-use crate::metrics::{Metrics, VerdictLabels};
+use crate::metrics::{AdmissionOutcomeLabels, Metrics};
 use crate::pki::names::ServiceDnsName;
 
 /// An AdmissionReview holds the object and, on an update, the old one: each up to the API server's 3 MiB
@@ -128,7 +128,7 @@ async fn handle(
                 Err(response) => return response,
             };
             let (answer, verdict) = review::answer(&body);
-            metrics.admission_reviews.get_or_create(&VerdictLabels { verdict: verdict.as_str() }).inc();
+            metrics.admission_reviews.get_or_create(&AdmissionOutcomeLabels { verdict: verdict.as_str() }).inc();
             if let Some(r) = &answer.response {
                 tracing::debug!(uid = %r.uid, allowed = r.allowed, message = %r.result.message, "NetworkTopology reviewed");
             }

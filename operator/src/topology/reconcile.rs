@@ -23,6 +23,7 @@ use super::patch::merge_diff;
 use super::spec::NetworkTopology;
 use super::status::{ChildState, StatusInput, topology_status};
 use crate::api::NetworkLink;
+use crate::clock::now_seconds;
 
 /// How often every topology is checked even without an event (repairs what a lost event or write left).
 const RESYNC: Duration = Duration::from_secs(30);
@@ -156,7 +157,7 @@ impl Reconciler {
             taken: &taken,
             refused: &refused,
             previous: topology.status.as_ref(),
-            now: &crate::controller::status::now_seconds(),
+            now: &now_seconds(),
         });
         if topology.status.as_ref().is_some_and(|s| same_status(s, &status)) {
             return Ok(());

@@ -9,7 +9,7 @@ use std::time::Duration;
 use isthmus_operator::admission::review::AdmissionOutcome;
 use isthmus_operator::admission::server::{ServingCertificate, bind};
 use isthmus_operator::admission::{TOPOLOGIES_PATH, upkeep};
-use isthmus_operator::metrics::{Metrics, VerdictLabels};
+use isthmus_operator::metrics::{AdmissionOutcomeLabels, Metrics};
 use isthmus_operator::pki::ca::{Authority, CaSet};
 use isthmus_operator::topology::NetworkTopology;
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
@@ -88,7 +88,7 @@ impl Webhook {
 
     /// The reviews answered with `verdict`.
     fn answered(&self, verdict: AdmissionOutcome) -> u64 {
-        self.metrics.admission_reviews.get_or_create(&VerdictLabels { verdict: verdict.as_str() }).get()
+        self.metrics.admission_reviews.get_or_create(&AdmissionOutcomeLabels { verdict: verdict.as_str() }).get()
     }
 
     pub fn topologies(&self) -> Api<DynamicObject> {

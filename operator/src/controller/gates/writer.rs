@@ -11,7 +11,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use super::{GateChange, apply_body, changes};
-use crate::controller::status::writer::now_seconds;
+use crate::clock::now_seconds;
 use crate::controller::write_loop::{self, write_while_leading};
 use crate::controller::{Context, Controller};
 use crate::gate::GateReason;

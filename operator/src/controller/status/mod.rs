@@ -8,7 +8,6 @@ use isthmus_agent_api::QueueCap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use crate::api::{MAX_STATUS_FAILURES, MAX_STATUS_OVERLAPS, NetworkLinkStatus, OverlapStatus, PodFailure};
-use crate::failure::FailureReason;
 use crate::plan::LinkFacts;
 
 mod measured;
@@ -17,10 +16,8 @@ mod reason;
 pub mod schedule;
 pub(super) mod writer;
 
-pub use writer::now_seconds;
-
 pub use measured::{CONFORMANT, MeasuredPart, measured_part, place_measured};
-pub use progress::{Outcome, Progress, judge_entry, progress};
+pub use progress::{FailedPod, Outcome, Progress, judge_entry, progress};
 pub use reason::LinkReason;
 
 pub const READY: &str = "Ready";
@@ -45,13 +42,16 @@ pub fn link_status(
     status.queue_limits_capped = progress.queue_limits_capped;
     let exclusions = status.failures.len() + status.failures_omitted as usize;
     let mut failures = std::mem::take(&mut status.failures);
-    failures.extend(progress.failures.iter().cloned());
+    failures.extend(progress.failures.iter().cloned().map(PodFailure::from));
     let total_failures = exclusions + progress.failures.len();
     failures.truncate(MAX_STATUS_FAILURES);
     status.failures_omitted = (total_failures - failures.len()) as u32;
     status.failures = failures;
 
-    let mut conditions = conditions(facts, &status, total_failures, progress.first_cap.as_ref());
+    // `Degraded` names the first failure of `status.failures`: the plan's exclusions come before the agents'.
+    let first_failure = facts.exclusions.first().map(FailedPod::from).or_else(|| progress.failures.first().cloned());
+    let mut conditions =
+        conditions(facts, &status, total_failures, first_failure.as_ref(), progress.first_cap.as_ref());
     for c in &mut conditions {
         c.observed_generation = facts.generation;
         let before = previous.and_then(|p| p.conditions.iter().find(|o| o.type_ == c.type_));
@@ -85,25 +85,18 @@ pub fn fill_status(facts: &LinkFacts, status: &mut NetworkLinkStatus) {
         .take(MAX_STATUS_OVERLAPS)
         .map(|o| OverlapStatus { link: o.link.name.clone(), won: o.won, lost: o.lost })
         .collect();
-    status.failures = facts
-        .exclusions
-        .iter()
-        .take(MAX_STATUS_FAILURES)
-        .map(|e| PodFailure {
-            pod: e.pod.to_string(),
-            node: e.node.clone(),
-            reason: e.reason.to_string(),
-            message: e.message.clone(),
-        })
-        .collect();
+    status.failures =
+        facts.exclusions.iter().take(MAX_STATUS_FAILURES).map(|e| PodFailure::from(FailedPod::from(e))).collect();
     status.failures_omitted = facts.exclusions.len().saturating_sub(MAX_STATUS_FAILURES) as u32;
 }
 
-/// Ready, Degraded and Overlapping (without times) for a status whose counts and failures are filled in.
+/// Ready, Degraded and Overlapping (without times) for a status whose counts and failures are filled in, the
+/// first of those failures being `first_failure`.
 fn conditions(
     facts: &LinkFacts,
     status: &NetworkLinkStatus,
     total_failures: usize,
+    first_failure: Option<&FailedPod>,
     first_cap: Option<&QueueCap>,
 ) -> Vec<Condition> {
     let mut conditions = Vec::with_capacity(3);
@@ -136,14 +129,12 @@ fn conditions(
                 &format!("{applied} of {pairs} pairs applied, waiting for the node agents"),
             )
         });
-        conditions.push(match status.failures.first() {
+        conditions.push(match first_failure {
             Some(first) => {
                 let more = total_failures - 1;
                 let tail = if more > 0 { format!(" (and {more} more)") } else { String::new() };
-                // Every failure here was written from a `FailureReason`: the plan's exclusions and the agents'
-                // replies (`progress.rs`).
-                let reason = FailureReason::parse(&first.reason).expect("a failure's reason is a FailureReason");
-                cond(DEGRADED, true, LinkReason::Failure(reason), &format!("{}: {}{tail}", first.pod, first.message))
+                let message = format!("{}: {}{tail}", first.pod, first.message);
+                cond(DEGRADED, true, LinkReason::Failure(first.reason), &message)
             }
             None => cond(DEGRADED, false, LinkReason::AsExpected, "every selected pod is shaped"),
         });
@@ -200,6 +191,7 @@ pub fn transitions<'a>(
 mod tests {
     use super::*;
     use crate::api::SpecError;
+    use crate::failure::FailureReason;
     use crate::index::ObjectKey;
     use crate::plan::{Exclusion, Overlap};
 
@@ -261,11 +253,11 @@ mod tests {
             reason: FailureReason::HostNetwork,
             message: "uses the host network".into(),
         }];
-        let failures: Vec<PodFailure> = (0..20)
-            .map(|i| PodFailure {
+        let failures: Vec<FailedPod> = (0..20)
+            .map(|i| FailedPod {
                 pod: format!("ns/p{i}"),
                 node: Some("n2".into()),
-                reason: "AgentUnreachable".into(),
+                reason: FailureReason::AgentUnreachable,
                 message: "down".into(),
             })
             .collect();

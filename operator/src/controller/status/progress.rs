@@ -12,6 +12,7 @@ use crate::api::PodFailure;
 use crate::controller::nodes::NodeReport;
 use crate::failure::FailureReason;
 use crate::index::ObjectKey;
+use crate::plan::Exclusion;
 
 /// What the agents made of one link's pairs.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -20,10 +21,33 @@ pub struct Progress {
     /// Of the applied pairs, those on nodes whose agent runs the userspace datapath.
     pub emulated: u32,
     pub failed: u32,
-    pub failures: Vec<PodFailure>,
+    pub failures: Vec<FailedPod>,
     /// Applied pairs whose `queueLimit` the agent cut to its queue budget, and the first such cut.
     pub queue_limits_capped: u32,
     pub first_cap: Option<QueueCap>,
+}
+
+/// A pod that is not shaped as one link asks: excluded by the plan or failed by its node's agent. The reason
+/// stays typed until the status writes it as text ([`PodFailure`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct FailedPod {
+    /// `namespace/name`.
+    pub pod: String,
+    pub node: Option<String>,
+    pub reason: FailureReason,
+    pub message: String,
+}
+
+impl From<&Exclusion> for FailedPod {
+    fn from(e: &Exclusion) -> Self {
+        FailedPod { pod: e.pod.to_string(), node: e.node.clone(), reason: e.reason, message: e.message.clone() }
+    }
+}
+
+impl From<FailedPod> for PodFailure {
+    fn from(f: FailedPod) -> Self {
+        PodFailure { pod: f.pod, node: f.node, reason: f.reason.to_string(), message: f.message }
+    }
 }
 
 /// Sorts every desired pair into applied, failed or (neither) pending, per link, from each node's desired plan
@@ -154,13 +178,8 @@ fn confirmed_result<'r>(report: Option<&'r NodeReport>, pod: &PodPlan) -> Option
     applied.reply.pods.iter().find(|r| r.uid == pod.uid && r.namespace == pod.namespace && r.name == pod.name)
 }
 
-fn failure(node: &str, pod: &PodPlan, reason: FailureReason, message: String) -> PodFailure {
-    PodFailure {
-        pod: format!("{}/{}", pod.namespace, pod.name),
-        node: Some(node.to_owned()),
-        reason: reason.to_string(),
-        message,
-    }
+fn failure(node: &str, pod: &PodPlan, reason: FailureReason, message: String) -> FailedPod {
+    FailedPod { pod: format!("{}/{}", pod.namespace, pod.name), node: Some(node.to_owned()), reason, message }
 }
 
 #[cfg(test)]
@@ -256,7 +275,7 @@ mod tests {
         let reports = BTreeMap::from([("n1".to_string(), report(&desired, &[("a", failed)], false))]);
         let p = &progress([&desired], &reports)[&link];
         assert_eq!((p.applied, p.failed), (0, 2));
-        assert_eq!(p.failures[0].reason, "KernelUnsupported");
+        assert_eq!(p.failures[0].reason.as_str(), "KernelUnsupported");
         assert_eq!(
             p.failures[0].message,
             "node n1's kernel has no sch_netem and its agent runs the tc datapath: latency/loss cannot be applied (agent.datapath auto emulates them)"
@@ -281,7 +300,7 @@ mod tests {
         )]);
         let p = &progress([&desired], &reports)[&link];
         assert_eq!((p.applied, p.failed), (0, 2));
-        assert_eq!(p.failures[0].reason, "AgentUnreachable");
+        assert_eq!(p.failures[0].reason.as_str(), "AgentUnreachable");
     }
 
     #[test]
@@ -338,7 +357,7 @@ mod tests {
         let p = progress([&desired], &reports);
         assert_eq!((p[&l].applied, p[&l].failed), (1, 2), "the refused pairs fail, the third is applied");
         assert_eq!(p[&l].failures.len(), 1, "one failure per pod and link");
-        assert_eq!(p[&l].failures[0].reason, "InvalidPlan");
+        assert_eq!(p[&l].failures[0].reason.as_str(), "InvalidPlan");
         assert!(
             p[&l].failures[0].message.contains("10.0.1.0/32") && p[&l].failures[0].message.contains("1 more"),
             "{}",

@@ -9,7 +9,6 @@ use isthmus_agent_api::schedule::{Cursor, Position, Timeline};
 use isthmus_agent_api::unix_ms_now;
 
 use k8s_openapi::api::core::v1::ObjectReference;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event as KubeEvent, EventType};
 use tokio::sync::Notify;
@@ -18,6 +17,7 @@ use tokio::task::JoinHandle;
 use super::schedule::{refresh_due, schedule_status};
 use super::{DEGRADED, LinkReason, OVERLAPPING, READY, link_status, progress, transitions};
 use crate::api::{NetworkLinkStatus, ScheduleState, ScheduleStatus, StoredLink};
+use crate::clock::now_seconds;
 use crate::controller::write_loop::{self, write_while_leading};
 use crate::controller::{Context, Controller};
 use crate::index::ObjectKey;
@@ -77,12 +77,6 @@ impl StatusQueue {
         self.dirty.extend(links);
         self.notify.notify_one();
     }
-}
-
-pub fn now_seconds() -> Time {
-    // The API server keeps whole seconds; a sub-second time would never compare equal after a round trip.
-    let secs = k8s_openapi::jiff::Timestamp::now().as_second();
-    Time(k8s_openapi::jiff::Timestamp::from_second(secs).expect("now is a valid timestamp"))
 }
 
 impl Controller {
