@@ -5,10 +5,14 @@
 //! `ISTHMUS_E2E_PROVIDER` (`local`, `vm` or `kind`; informational), `ISTHMUS_E2E_PROBE_IMAGE`
 //! (default `localhost/isthmus-probe:0.1.0`), `ISTHMUS_E2E_CLUSTER` (the `e2e/cluster/cluster` script, for
 //! commands on nodes).
+//!
+//! `smoke` and `snapshot` hold the pure verdicts of the cluster smoke test (`tests/cluster_smoke/`).
 
 mod measured;
 mod node;
 mod probe;
+pub mod smoke;
+pub mod snapshot;
 mod switch;
 pub mod verdict;
 
