@@ -3,7 +3,8 @@
 //! pod's traffic flowing unimpaired, the restarted agent emulates again, and an empty plan removes the capture.
 
 mod agent_common;
-#[path = "echo/mod.rs"]
+// The same UDP round trips as the datapaths crate's userspace tests.
+#[path = "../datapaths/tests/echo/mod.rs"]
 mod echo;
 
 use std::net::{IpAddr, UdpSocket};

@@ -2,7 +2,8 @@
 //! namespace is found by the pod's address through the agent's resolver and read back entry by entry, with
 //! counters that move with real traffic. Needs root (CI runs as root).
 
-#[path = "datapath_support/mod.rs"]
+// The datapaths crate's namespace pair: the datapath installs the tree that `explain` reads back.
+#[path = "../datapaths/tests/datapath_support/mod.rs"]
 mod support;
 
 use std::net::IpAddr;

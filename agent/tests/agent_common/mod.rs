@@ -17,7 +17,8 @@ pub use isthmus_agent_api::test_util::https::tls_exchange;
 use isthmus_agent_api::tls::crypto_provider;
 use rustls::pki_types::ServerName;
 
-#[path = "../goodput/mod.rs"]
+// The datapaths crate's goodput check, so that the agent's tests judge a shaper as the datapath's do.
+#[path = "../../datapaths/tests/goodput/mod.rs"]
 pub mod goodput;
 
 static COUNTER: AtomicUsize = AtomicUsize::new(0);

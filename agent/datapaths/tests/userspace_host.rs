@@ -87,8 +87,8 @@ async fn a_captured_destination_is_delayed_its_neighbour_is_not_and_the_agents_e
     let (slow, fast) = (median(&slow), median(&fast));
     println!("median RTT: {slow:.3} ms to the captured destination (20 ms one way), {fast:.3} ms to the other");
     // Never early; late by the loop's wake-up and the extra crossings (0.14-0.18 ms over five runs here, 2026-11-24,
-    // `cargo test -p isthmus-agent --test userspace_host -- --nocapture`), or by the loop's thread waiting for one of
-    // the two CPUs while the other tests of this file run: a median of the three milliseconds a busy scheduler's
+    // `cargo test -p isthmus-datapaths --test userspace_host -- --nocapture`), or by the loop's thread waiting for one
+    // of the two CPUs while the other tests of this file run: a median of the three milliseconds a busy scheduler's
     // slices allow would mean the loop itself is slow.
     assert!((20.0..23.0).contains(&slow), "captured destination: median {slow} ms, want 20 ms plus at most 3");
     assert!(fast < 3.0, "the other destination: median {fast} ms, want no delay");

@@ -1,5 +1,5 @@
 //! Userspace datapath benchmark (root; this machine's kernel, which has no netem). Prints a markdown table for
-//! docs/benchmarks.md. Run: `cargo bench -p isthmus-agent --bench userspace` (optionally `-- --runs 5`).
+//! docs/benchmarks.md. Run: `cargo bench -p isthmus-datapaths --bench userspace` (optionally `-- --runs 5`).
 //!
 //! Each run takes a fresh pair of namespaces (`a` → `b` over a veth), captures two destinations of `a` through
 //! the loop (the capture, the pipeline and the sockets the agent uses, without its API) and measures, the

@@ -1,7 +1,8 @@
-//! Throwaway network namespaces for the datapath's host-kernel tests and benchmarks: two namespaces joined by
-//! a veth (the test kit's `VethPair`, which the kernel rig's guest tests use too), set up with iproute2 (an
-//! independent tool; the product itself never shells out), removed on drop — also when a test fails. Traffic
-//! only ever flows between addresses inside these namespaces, bounded in time.
+//! Throwaway network namespaces for the datapath's host-kernel tests and benchmarks (and the agent's
+//! `explain_host.rs`, which includes this file by path): two namespaces joined by a veth (the test kit's
+//! `VethPair`, which the kernel rig's guest tests use too), set up with iproute2 (an independent tool; the
+//! product itself never shells out), removed on drop — also when a test fails. Traffic only ever flows between
+//! addresses inside these namespaces, bounded in time.
 
 #![allow(dead_code)]
 

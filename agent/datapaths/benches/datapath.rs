@@ -1,5 +1,5 @@
 //! Datapath benchmark (root; this machine's kernel: htb, tbf, u32). Prints markdown tables for
-//! docs/benchmarks.md. Run: `cargo bench -p isthmus-agent --bench datapath` (optionally `-- --runs 7`).
+//! docs/benchmarks.md. Run: `cargo bench -p isthmus-datapaths --bench datapath` (optionally `-- --runs 7`).
 //!
 //! For 1, 100 and 1,000 rate-only destinations, side by side in one run and interleaved:
 //! - install from an empty interface: isthmus (`Datapath::reconcile`), iproute2 `tc -batch` (one process), and
