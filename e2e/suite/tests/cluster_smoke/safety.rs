@@ -50,7 +50,9 @@ fn host_sockets(bridge: &str, bridge_ip: &str, api_port: &str) {
 
 fn node_sockets(nodes: &[String]) {
     for node in nodes {
-        let bad = node_sockets_outside(&node_exec(node, &["ss", "-lntuH"]).stdout);
+        let out = node_exec(node, &["ss", "-lntuH"]);
+        assert!(out.ok, "node {node}: `ss -lntuH` failed, so its sockets cannot be judged: {}", out.stderr.trim());
+        let bad = node_sockets_outside(&out.stdout);
         assert!(bad.is_empty(), "node {node} listens outside its own addresses: {}", bad.join("\n"));
     }
     pass("nodes: sockets only on loopback and node addresses");
