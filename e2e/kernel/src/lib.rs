@@ -1,6 +1,8 @@
 //! The stock-kernel rig's shared code: the line protocol between the guest test binary (`src/main.rs`) and
-//! the host tool (`src/bin/isthmus-rig`), and the host tool's pure parts.
+//! the host tool (`src/bin/isthmus-rig`), the host tool's pure parts, and the pure parts of capturing the kernel's
+//! netem dumps (`rig capture-netem-dumps`).
 
+pub mod netem_dumps;
 pub mod protocol;
 
 /// The host side's pure logic: package rules, Debian versions and indexes, module order, ELF and cpio

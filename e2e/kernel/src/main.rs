@@ -9,9 +9,12 @@
 //! isthmus-kernel-tests [--test NAME[,NAME…]] [--kernel LABEL] [--backend qemu-tcg|uml|native]
 //! isthmus-kernel-tests --list [--test …]      the selected test names, one a line
 //! isthmus-kernel-tests --bench [--list] …      the datapaths' benchmark instead of the tests (src/tests/bench.rs)
+//! isthmus-kernel-tests --capture-netem-dumps   the kernel's netem dumps for the datapaths' golden test
+//!                                              (src/capture.rs; `rig capture-netem-dumps` writes the file)
 //! ```
-//! Exit status: 0 when no test failed, 1 when one did, 2 for bad arguments.
+//! Exit status: 0 when no test failed (every dump was captured), 1 when one did (one was not), 2 for bad arguments.
 
+mod capture;
 mod harness;
 mod netns;
 mod stats;
@@ -25,19 +28,28 @@ use harness::{Backend, RunConfig};
 struct Args {
     list: bool,
     bench: bool,
+    capture_netem_dumps: bool,
     filter: Option<String>,
     kernel: Option<String>,
     backend: Backend,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
-    let mut args = Args { list: false, bench: false, filter: None, kernel: None, backend: Backend::Native };
+    let mut args = Args {
+        list: false,
+        bench: false,
+        capture_netem_dumps: false,
+        filter: None,
+        kernel: None,
+        backend: Backend::Native,
+    };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         let mut value = |flag: &str| it.next().ok_or_else(|| anyhow::anyhow!("{flag} needs a value"));
         match arg.as_str() {
             "--list" => args.list = true,
             "--bench" => args.bench = true,
+            "--capture-netem-dumps" => args.capture_netem_dumps = true,
             "--test" => args.filter = Some(value("--test")?),
             "--kernel" => args.kernel = Some(value("--kernel")?),
             "--backend" => args.backend = Backend::parse(&value("--backend")?)?,
@@ -59,6 +71,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if args.capture_netem_dumps {
+        return if capture::run() { ExitCode::SUCCESS } else { ExitCode::from(1) };
+    }
     let all = if args.bench { tests::benches() } else { tests::all() };
     let selected = match harness::select(&all, args.filter.as_deref()) {
         Ok(s) => s,

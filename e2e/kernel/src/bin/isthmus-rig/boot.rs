@@ -30,7 +30,7 @@ done
 /usr/sbin/ip link set lo up
 if [ -n "$ISTHMUS_SHELL" ]; then setsid cttyhack sh; rc=0
 else
-  /isthmus-kernel-tests --kernel "$ISTHMUS_KERNEL" --backend "$ISTHMUS_BACKEND" ${ISTHMUS_TESTS:+--test "$ISTHMUS_TESTS"} ${ISTHMUS_BENCH:+--bench}
+  /isthmus-kernel-tests --kernel "$ISTHMUS_KERNEL" --backend "$ISTHMUS_BACKEND" ${ISTHMUS_TESTS:+--test "$ISTHMUS_TESTS"} ${ISTHMUS_MODE:+--$ISTHMUS_MODE}
   rc=$?
 fi
 echo "ISTHMUS-EXIT $rc"
@@ -58,14 +58,34 @@ pub fn interrupted() -> bool {
     INTERRUPTED.load(Ordering::SeqCst)
 }
 
+/// What the guest binary does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Tests,
+    /// The benchmark instead of the tests (`--bench`).
+    Bench,
+    /// The kernel's netem dumps for the datapaths' golden test (`--capture-netem-dumps`, src/capture.rs).
+    NetemDumps,
+}
+
+impl Mode {
+    /// The guest binary's flag, without its `--`.
+    fn flag(self) -> Option<&'static str> {
+        match self {
+            Mode::Tests => None,
+            Mode::Bench => Some("bench"),
+            Mode::NetemDumps => Some("capture-netem-dumps"),
+        }
+    }
+}
+
 pub struct Boot<'a> {
     pub kernel: Kernel,
     pub entry: &'a Prepared,
     pub test_binary: Option<&'a Path>,
     /// `--test` for the guest binary.
     pub tests: Option<&'a str>,
-    /// The benchmark instead of the tests.
-    pub bench: bool,
+    pub mode: Mode,
     pub run_dir: &'a Path,
     pub timeout: Duration,
     /// An interactive shell on this terminal instead of the tests.
@@ -106,7 +126,7 @@ impl Boot<'_> {
     fn guest_env(&self, label: &str) -> Vec<String> {
         let mut env = vec![format!("ISTHMUS_KERNEL={label}"), format!("ISTHMUS_BACKEND={}", self.backend())];
         env.extend(self.tests.map(|t| format!("ISTHMUS_TESTS={t}")));
-        env.extend(self.bench.then(|| "ISTHMUS_BENCH=1".to_owned()));
+        env.extend(self.mode.flag().map(|f| format!("ISTHMUS_MODE={f}")));
         env.extend(self.shell.then(|| "ISTHMUS_SHELL=1".to_owned()));
         env
     }

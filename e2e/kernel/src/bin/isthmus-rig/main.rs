@@ -5,6 +5,7 @@
 //! ```text
 //! isthmus-rig [all] [--kernel bookworm|sid|host]... [--test NAME[,NAME…]] [--parallel] [--rerun-failed] [--refresh]
 //! isthmus-rig bench [--kernel …]… the datapaths' benchmark side by side in each kernel (src/tests/bench.rs)
+//! isthmus-rig capture-netem-dumps  both kernels' netem dumps into the datapaths' golden file (capture.rs)
 //! isthmus-rig fetch [--refresh]     host tools + resolved packages + prepared kernels (cached)
 //! isthmus-rig build                 the static test binary
 //! isthmus-rig run [opts]            boot the cached kernels with the binary built last, and report
@@ -25,6 +26,7 @@
 mod apt;
 mod boot;
 mod build;
+mod capture;
 mod guest;
 mod host;
 mod kernels;
@@ -41,7 +43,7 @@ use isthmus_kernel_tests::rig::report::{KernelReport, junit, summary_json};
 use isthmus_kernel_tests::rig::rules::{Choice, Kernel, ResolveError, choose};
 
 use crate::apt::PrivateApt;
-use crate::boot::Boot;
+use crate::boot::{Boot, Mode};
 use crate::kernels::{Prepared, TempDir};
 
 pub fn say(what: &str) {
@@ -95,13 +97,22 @@ fn real_main() -> anyhow::Result<ExitCode> {
         _ => {}
     }
     let (command, rest) = match args.first().map(String::as_str) {
-        Some(c @ ("all" | "bench" | "fetch" | "build" | "run" | "list" | "shell" | "resolve" | "entry")) => {
-            (c, &args[1..])
-        }
+        Some(
+            c @ ("all"
+            | "bench"
+            | "capture-netem-dumps"
+            | "fetch"
+            | "build"
+            | "run"
+            | "list"
+            | "shell"
+            | "resolve"
+            | "entry"),
+        ) => (c, &args[1..]),
         Some(a) if !a.starts_with("--") => {
             eprintln!(
-                "rig: unknown command {a} (all, bench, fetch, build, run, list, shell, resolve, entry, node-initramfs, \
-                 node-boot)"
+                "rig: unknown command {a} (all, bench, capture-netem-dumps, fetch, build, run, list, shell, resolve, \
+                 entry, node-initramfs, node-boot)"
             );
             return Ok(ExitCode::from(2));
         }
@@ -114,6 +125,13 @@ fn real_main() -> anyhow::Result<ExitCode> {
         apt::ensure_host_tools(&rig.cache)?;
         println!("{}", rig.entry(kernel, true, false)?.dir.display());
         return Ok(ExitCode::SUCCESS);
+    }
+    if command == "capture-netem-dumps" {
+        if let Some(a) = rest.first() {
+            eprintln!("rig: capture-netem-dumps takes no argument ({a})");
+            return Ok(ExitCode::from(2));
+        }
+        return capture::netem_dumps(&mut rig);
     }
     if command == "shell" {
         let kernel = rest.first().and_then(|k| Kernel::parse(k)).context("usage: rig shell bookworm|sid")?;
@@ -313,7 +331,7 @@ impl Rig {
                 entry,
                 test_binary: Some(bin),
                 tests,
-                bench: self.bench,
+                mode: if self.bench { Mode::Bench } else { Mode::Tests },
                 run_dir,
                 timeout: self.timeout,
                 shell: false,
@@ -390,7 +408,7 @@ impl Rig {
             entry: &entry,
             test_binary: None,
             tests: None,
-            bench: false,
+            mode: Mode::Tests,
             run_dir: run_dir.path(),
             timeout: Duration::from_secs(24 * 3600),
             shell: true,
