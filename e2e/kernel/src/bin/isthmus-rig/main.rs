@@ -27,6 +27,7 @@ mod apt;
 mod boot;
 mod build;
 mod capture;
+mod cli;
 mod guest;
 mod host;
 mod kernels;
@@ -36,7 +37,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use isthmus_kernel_tests::rig::packages::Index;
 use isthmus_kernel_tests::rig::parity;
 use isthmus_kernel_tests::rig::report::{KernelReport, junit, summary_json};
@@ -44,20 +45,11 @@ use isthmus_kernel_tests::rig::rules::{Choice, Kernel, ResolveError, choose};
 
 use crate::apt::PrivateApt;
 use crate::boot::{Boot, Mode};
+use crate::cli::{Command, NodeCommand, Options, RigCommand};
 use crate::kernels::{Prepared, TempDir};
 
 pub fn say(what: &str) {
     eprintln!("rig: {what}");
-}
-
-struct Options {
-    kernels: Vec<Kernel>,
-    /// The userspace datapath's tests natively on this machine's kernel too.
-    host: bool,
-    tests: Option<String>,
-    parallel: bool,
-    rerun_failed: bool,
-    refresh: bool,
 }
 
 struct Rig {
@@ -85,123 +77,62 @@ fn main() -> ExitCode {
 
 fn real_main() -> anyhow::Result<ExitCode> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.first().map(String::as_str) {
-        Some("node-initramfs") => {
-            let [kernel, entry, out] = &args[1..] else { bail!("usage: rig node-initramfs KERNEL ENTRY OUT") };
-            let kernel =
-                Kernel::parse(kernel).with_context(|| format!("KERNEL must be bookworm or sid, not {kernel:?}"))?;
-            node::write_initramfs(kernel, Path::new(entry), Path::new(out))?;
-            return Ok(ExitCode::SUCCESS);
-        }
-        Some("node-boot") => return Err(node::NodeBoot::parse(&args[1..])?.exec()),
-        _ => {}
-    }
-    let (command, rest) = match args.first().map(String::as_str) {
-        Some(
-            c @ ("all"
-            | "bench"
-            | "capture-netem-dumps"
-            | "fetch"
-            | "build"
-            | "run"
-            | "list"
-            | "shell"
-            | "resolve"
-            | "entry"),
-        ) => (c, &args[1..]),
-        Some(a) if !a.starts_with("--") => {
-            eprintln!(
-                "rig: unknown command {a} (all, bench, capture-netem-dumps, fetch, build, run, list, shell, resolve, \
-                 entry, node-initramfs, node-boot)"
-            );
-            return Ok(ExitCode::from(2));
-        }
-        _ => ("all", &args[..]),
-    };
-    let mut rig = Rig::from_env()?;
-    rig.bench = command == "bench";
-    if command == "entry" {
-        let kernel = rest.first().and_then(|k| Kernel::parse(k)).context("usage: rig entry bookworm|sid")?;
-        apt::ensure_host_tools(&rig.cache)?;
-        println!("{}", rig.entry(kernel, true, false)?.dir.display());
-        return Ok(ExitCode::SUCCESS);
-    }
-    if command == "capture-netem-dumps" {
-        if let Some(a) = rest.first() {
-            eprintln!("rig: capture-netem-dumps takes no argument ({a})");
-            return Ok(ExitCode::from(2));
-        }
-        return capture::netem_dumps(&mut rig);
-    }
-    if command == "shell" {
-        let kernel = rest.first().and_then(|k| Kernel::parse(k)).context("usage: rig shell bookworm|sid")?;
-        return rig.shell(kernel);
-    }
-    let options = match parse_options(rest) {
-        Ok(o) => o,
+    let command = match cli::parse(&args) {
+        Ok(c) => c,
         Err(e) => {
             eprintln!("rig: {e:#}");
             return Ok(ExitCode::from(2));
         }
     };
     match command {
-        "fetch" => {
-            apt::ensure_host_tools(&rig.cache)?;
-            let mut failed = false;
-            for k in &options.kernels {
-                if let Err(e) = rig.entry(*k, true, options.refresh) {
-                    say(&format!("{}: {e}", k.name()));
-                    failed = true;
-                }
-            }
-            Ok(if failed { ExitCode::from(1) } else { ExitCode::SUCCESS })
-        }
-        "build" => build::static_test_binary(&rig.target).map(|_| ExitCode::SUCCESS),
-        "list" => {
-            let bin = build::static_test_binary(&rig.target)?;
-            print!("{}", build::list(&bin, None, false)?.join("\n") + "\n");
+        Command::Node(NodeCommand::Initramfs { kernel, entry, out }) => {
+            node::write_initramfs(kernel, &entry, &out)?;
             Ok(ExitCode::SUCCESS)
         }
-        "resolve" => rig.resolve(),
-        "run" => rig.run(&options, false),
-        _ => {
-            apt::ensure_host_tools(&rig.cache)?;
-            rig.run(&options, true)
-        }
+        Command::Node(NodeCommand::Boot(boot)) => Err(boot.exec()),
+        Command::Rig(command) => Rig::from_env()?.main(command),
     }
-}
-
-fn parse_options(args: &[String]) -> anyhow::Result<Options> {
-    let mut o =
-        Options { kernels: Vec::new(), host: false, tests: None, parallel: false, rerun_failed: false, refresh: false };
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--kernel" => {
-                let k = it.next().context("--kernel needs a value")?;
-                if k == "host" {
-                    o.host = true;
-                } else {
-                    let kernel =
-                        Kernel::parse(k).with_context(|| format!("unknown kernel {k} (bookworm, sid or host)"))?;
-                    o.kernels.push(kernel);
-                }
-            }
-            "--test" => o.tests = Some(it.next().context("--test needs a value")?.clone()),
-            "--parallel" => o.parallel = true,
-            "--rerun-failed" => o.rerun_failed = true,
-            "--refresh" => o.refresh = true,
-            other => bail!("unknown argument {other} (see the usage at the top of src/bin/isthmus-rig/main.rs)"),
-        }
-    }
-    if o.kernels.is_empty() && !o.host {
-        o.kernels = Kernel::ALL.to_vec();
-        o.host = true;
-    }
-    Ok(o)
 }
 
 impl Rig {
+    fn main(&mut self, command: RigCommand) -> anyhow::Result<ExitCode> {
+        let rig = self;
+        match command {
+            RigCommand::Entry(kernel) => {
+                apt::ensure_host_tools(&rig.cache)?;
+                println!("{}", rig.entry(kernel, true, false)?.dir.display());
+                Ok(ExitCode::SUCCESS)
+            }
+            RigCommand::CaptureNetemDumps => capture::netem_dumps(rig),
+            RigCommand::Shell(kernel) => rig.shell(kernel),
+            RigCommand::Fetch(options) => {
+                apt::ensure_host_tools(&rig.cache)?;
+                let mut failed = false;
+                for k in &options.kernels {
+                    if let Err(e) = rig.entry(*k, true, options.refresh) {
+                        say(&format!("{}: {e}", k.name()));
+                        failed = true;
+                    }
+                }
+                Ok(if failed { ExitCode::from(1) } else { ExitCode::SUCCESS })
+            }
+            RigCommand::Build => build::static_test_binary(&rig.target).map(|_| ExitCode::SUCCESS),
+            RigCommand::List => {
+                let bin = build::static_test_binary(&rig.target)?;
+                print!("{}", build::list(&bin, None, false)?.join("\n") + "\n");
+                Ok(ExitCode::SUCCESS)
+            }
+            RigCommand::Resolve => rig.resolve(),
+            RigCommand::Run { options, online, bench } => {
+                rig.bench = bench;
+                if online {
+                    apt::ensure_host_tools(&rig.cache)?;
+                }
+                rig.run(&options, online)
+            }
+        }
+    }
+
     fn from_env() -> anyhow::Result<Rig> {
         let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| "/root".into());
         let cache =
