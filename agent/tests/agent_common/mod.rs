@@ -15,6 +15,7 @@ use isthmus_agent_api::identity::node_server_name;
 use isthmus_agent_api::test_util::https::Answer;
 pub use isthmus_agent_api::test_util::https::tls_exchange;
 use isthmus_agent_api::tls::crypto_provider;
+use isthmus_test_kit::netns::Netns;
 use rustls::pki_types::ServerName;
 
 // The datapaths crate's goodput check, so that the agent's tests judge a shaper as the datapath's do.
@@ -76,19 +77,23 @@ pub fn agent_dirs(prefix: &str) -> (TempDir, PathBuf, PathBuf) {
     (work, netns, proc)
 }
 
-/// A named namespace (`ip netns add`), optionally also bind-mounted into a private directory so that an agent
-/// under test can be pointed at exactly the namespaces of its test.
+/// A named namespace (the test kit's [`Netns`]: created with iproute2, deleted on drop with everything in it), with
+/// its loopback up, optionally also bind-mounted into a private directory so that an agent under test can be
+/// pointed at exactly the namespaces of its test. Many pods hang off one hub in the agent's tests, so namespaces
+/// come one at a time here, named by a counter, rather than as the kit's pair.
 pub struct Ns {
     pub name: String,
+    // Dropped after `Drop::drop` has unmounted the pinned path.
+    netns: Netns,
     pinned: Option<PathBuf>,
 }
 
 impl Ns {
     pub fn new(prefix: &str) -> Self {
         let name = unique(prefix);
-        ip(&["netns", "add", &name]);
-        ip(&["-n", &name, "link", "set", "lo", "up"]);
-        Ns { name, pinned: None }
+        let netns = Netns::create(name.clone()).unwrap();
+        netns.ip(&["link", "set", "lo", "up"]).unwrap();
+        Ns { name, netns, pinned: None }
     }
 
     /// Also pins the namespace at `dir/<name>` (a bind mount of the nsfs file).
@@ -110,19 +115,18 @@ impl Ns {
         std::fs::metadata(self.path()).unwrap().ino()
     }
 
-    /// Runs `f` on a thread inside the namespace.
+    /// Runs `f` on a thread inside the namespace, which the caller joins when it wants the answer (the kit's
+    /// [`Netns::enter`] waits for it).
     pub fn run_in<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> std::thread::JoinHandle<T> {
-        let file = std::fs::File::open(self.path()).unwrap();
+        let fd = self.netns.fd().try_clone_to_owned().unwrap();
         std::thread::spawn(move || {
-            nix::sched::setns(file.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            nix::sched::setns(fd.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
             f()
         })
     }
 
     pub fn tc(&self, args: &[&str]) -> String {
-        let mut all = vec!["netns", "exec", &self.name, "tc"];
-        all.extend_from_slice(args);
-        run("ip", &all)
+        self.netns.tc(args).unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// `tc qdisc show dev <dev>` inside the namespace.
@@ -142,7 +146,6 @@ impl Drop for Ns {
             let _ = Command::new("umount").arg("--lazy").arg(pinned).status();
             let _ = std::fs::remove_file(pinned);
         }
-        let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
     }
 }
 
