@@ -108,14 +108,16 @@ pub fn measured_follows_the_link(f: &Fixture) {
     within("isthmus-probe's loss ratio", r.path_loss_ratio(), proportion_band(p, r.path_sent() as f64, 1.0), "same");
 
     // A window counts only once complete, so only a removal that outlasts one can be seen, while the resync puts
-    // the tree back at a moment of its own (up to RESYNC after the removal): the scenario keeps removing it
+    // the tree back at a moment of its own (up to RESYNC after a removal): a loop on the node keeps removing it
     // until the status says so.
     let removed = Instant::now();
-    let mut removals = 0;
-    let faster = wait_for("Conformant=False (Faster) while the tree is kept away", 2 * settle(window), || {
-        removals += u32::from(remove_isthmus_behind_the_agents_back(&f.client.node, &f.client.ip));
+    let limit = 2 * settle(window);
+    let away = KeptAway::start(&f.client.node, &f.client.ip, limit + Duration::from_secs(30));
+    let faster = wait_for("Conformant=False (Faster) while the tree is kept away", limit, || {
         f.ns.link_condition("measured", "Conformant").filter(|c| c.0 == "False" && c.1 == "Faster")
     });
+    let removals = away.removals();
+    drop(away);
     println!(
         "Conformant=False (Faster) after {:.1?}, the tree removed {removals} time(s): {}",
         removed.elapsed(),
