@@ -18,7 +18,8 @@ use isthmus_datapaths::datapath::QueueBudget;
 use isthmus_datapaths::netns::Netns;
 use isthmus_datapaths::userspace::capture::{Capture, POD_END};
 use isthmus_datapaths::userspace::pipeline::PodPipeline;
-use isthmus_datapaths::userspace::{PodPath, Shell, budget, shard};
+use isthmus_datapaths::userspace::sys::{MsgHeaders, RxSocket};
+use isthmus_datapaths::userspace::{IoBatch, PodPath, Shell, budget, shard};
 use support::goodput::assert_rate_within;
 use support::{Pair, in_netns, net, run};
 
@@ -63,7 +64,7 @@ async fn start_within(
     let agent_ns = Netns::scratch().await.unwrap();
     let pod_ns = Netns::open(format!("/run/netns/{}", pair.a).as_ref()).unwrap();
     let capture = Capture::attach(&agent_ns, &pod_ns, "va", "u-test").await.unwrap();
-    let shell = Shell::start(budget_bytes).unwrap();
+    let shell = Shell::start(budget_bytes, IoBatch::DEFAULT).unwrap();
     shell.attach("a", path(&agent_ns, &pod_ns, &capture, &shell, destinations).await);
     for (destination, _) in destinations {
         capture.route(*destination, Some("10.77.0.1".parse().unwrap())).await.unwrap();
@@ -324,19 +325,33 @@ async fn an_ipv6_destination_is_delayed_too() {
 }
 
 /// The capture socket of `shard` on `vb` in namespace `ns`.
-fn shard_socket(ns: &str, shard: u32) -> isthmus_datapaths::userspace::sys::RxSocket {
+fn shard_socket(ns: &str, shard: u32) -> RxSocket {
     in_netns(ns, || {
         let index = nix::net::if_::if_nametoindex("vb").unwrap();
-        isthmus_datapaths::userspace::sys::RxSocket::open(index, &shard::filter(shard)).unwrap()
+        RxSocket::open(index, &shard::filter(shard)).unwrap()
     })
 }
 
+/// Every IP packet waiting on `rx` now.
+fn read_all(rx: &RxSocket) -> Vec<Vec<u8>> {
+    let (mut slots, mut headers, mut got, mut all) =
+        (vec![Vec::new(); 16], MsgHeaders::default(), Vec::new(), Vec::new());
+    loop {
+        got.clear();
+        let n = rx.recv_batch(&mut slots, 2048, &mut headers, &mut got).unwrap();
+        all.extend(got.iter().map(|&i| slots[i].clone()));
+        if n < slots.len() {
+            return all;
+        }
+    }
+}
+
 /// Everything waiting on `rx` now: the IPv4 packets' destinations, and how many others.
-fn drain(rx: &isthmus_datapaths::userspace::sys::RxSocket) -> (Vec<std::net::Ipv4Addr>, usize) {
-    let (mut v4, mut others, mut buf) = (Vec::new(), 0, vec![0u8; 2048]);
-    while let Some(got) = rx.recv(&mut buf).unwrap() {
-        if buf[0] >> 4 == 4 && got.len >= 20 {
-            v4.push(std::net::Ipv4Addr::new(buf[16], buf[17], buf[18], buf[19]));
+fn drain(rx: &RxSocket) -> (Vec<std::net::Ipv4Addr>, usize) {
+    let (mut v4, mut others) = (Vec::new(), 0);
+    for packet in read_all(rx) {
+        if packet[0] >> 4 == 4 && packet.len() >= 20 {
+            v4.push(std::net::Ipv4Addr::new(packet[16], packet[17], packet[18], packet[19]));
         } else {
             others += 1;
         }
@@ -394,8 +409,7 @@ fn packets_the_kernel_drops_from_an_unread_capture_socket_are_counted_once() {
     // The neighbour first (datagrams waiting for it would be dropped before the wire), then a clean slate.
     socket.send_to(&[0u8; 100], ("10.77.0.2", 9)).unwrap();
     std::thread::sleep(Duration::from_millis(100));
-    let mut buf = vec![0u8; 2048];
-    while rx.recv(&mut buf).unwrap().is_some() {}
+    read_all(&rx);
     rx.take_dropped().unwrap();
     let sent = 3000;
     for _ in 0..sent {
@@ -403,10 +417,7 @@ fn packets_the_kernel_drops_from_an_unread_capture_socket_are_counted_once() {
     }
     std::thread::sleep(Duration::from_millis(200));
     let dropped = rx.take_dropped().unwrap();
-    let mut read = 0;
-    while rx.recv(&mut buf).unwrap().is_some() {
-        read += 1;
-    }
+    let read = read_all(&rx).len() as u64;
     println!("{sent} datagrams: {read} read from the socket, {dropped} dropped by the kernel");
     // Every datagram is either read or dropped; the link's own chatter (IPv6 neighbour discovery and multicast
     // reports) may add a few frames either way.

@@ -13,8 +13,10 @@
 //! - [`pipeline`]: pure: which destination a packet is for, its emulator, when the next one leaves.
 //! - [`shard`]: pure: which of the pod's capture sockets a packet queues on, so that no destination's backlog
 //!   holds up another's while the loop falls behind.
-//! - [`sys`]: the sockets and `ppoll`, the only `unsafe` of this datapath.
-//! - [`Shell`] (here): one thread, one poll loop over every pod's socket and the earliest wake-up of all.
+//! - [`sys`]: the sockets, their batched reads and sends (`recvmmsg`, `sendmmsg`) and `ppoll`, the only
+//!   `unsafe` of this datapath.
+//! - [`Shell`] (here): one thread, talked to by commands; `event_loop`: that thread's poll loop over every pod's
+//!   sockets and the earliest wake-up of all; `buffers`: the packet buffers it reuses.
 //!
 //! Why these choices (measured where a number is given, by the tests named): routing, not a tc redirect, takes
 //! the packets out, because a route through an interface disappears with it, while a mirred redirect to a
@@ -24,24 +26,26 @@
 //! socket bound to the pod's interface, which passes over the capture's routes, so nothing is captured twice.
 
 pub mod budget;
+mod buffers;
 pub mod capture;
+mod event_loop;
 pub mod pipeline;
 mod pod;
 pub mod routing;
 pub mod shard;
 pub mod sys;
 
+pub use event_loop::IoBatch;
 pub use pod::{EmulationError, PodEmulation, Userspace};
 
-use std::collections::HashMap;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::OwnedFd;
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
 use budget::NodeBudget;
-use pipeline::{Frame, PodPipeline, Pushed};
+use pipeline::PodPipeline;
 use sys::{RxSocket, TxSocket};
 
 /// A pod's part in the loop: where its packets arrive, where they leave, what happens in between.
@@ -136,14 +140,15 @@ pub struct Shell {
 }
 
 impl Shell {
-    /// The loop, its queues (every pod's, draining ones included) held to `budget_bytes` together.
-    pub fn start(budget_bytes: u64) -> io::Result<Shell> {
+    /// The loop, its queues (every pod's, draining ones included) held to `budget_bytes` together, moving up to
+    /// `batch` packets per system call.
+    pub fn start(budget_bytes: u64, batch: IoBatch) -> io::Result<Shell> {
         let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)
             .map_err(io::Error::from)?;
         let (commands, inbox) = mpsc::channel();
         let epoch = Instant::now();
         let thread = std::thread::Builder::new().name("isthmus-us-loop".into()).spawn(move || {
-            Loop::new(read, inbox, epoch, NodeBudget::new(budget_bytes)).run();
+            event_loop::Loop::new(read, inbox, epoch, NodeBudget::new(budget_bytes), batch).run();
         })?;
         Ok(Shell { commands, wake: write, thread: Some(thread), epoch })
     }
@@ -204,193 +209,6 @@ impl Drop for Shell {
         let _ = nix::unistd::write(&self.wake, &[1]);
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
-        }
-    }
-}
-
-/// A pod in the loop: its path, and what its earlier pipelines still hold for destinations the current one took
-/// no queue from (`Shell::retune`), sent through the path's socket as those scheduled it.
-struct Pod {
-    path: PodPath,
-    draining: Vec<PodPipeline>,
-}
-
-impl Pod {
-    fn pipelines(&self) -> impl Iterator<Item = &PodPipeline> {
-        std::iter::once(&self.path.pipeline).chain(&self.draining)
-    }
-
-    fn next_wakeup(&self) -> Option<u64> {
-        self.pipelines().filter_map(PodPipeline::next_wakeup).min()
-    }
-
-    /// What the pod's pipelines hold, draining ones included.
-    fn held(&self) -> u64 {
-        self.pipelines().map(PodPipeline::held).sum()
-    }
-
-    /// Sends every packet due at `now`, from the current pipeline and the draining ones; forgets those drained.
-    fn send_due(&mut self, now: u64, due: &mut Vec<Frame>, counters: &mut ShellCounters, node: &mut NodeBudget) {
-        self.path.pipeline.pop_due(now, due, node);
-        for old in &mut self.draining {
-            old.pop_due(now, due, node);
-        }
-        self.draining.retain(|old| old.next_wakeup().is_some());
-        for frame in due.drain(..) {
-            if self.path.tx.send(frame.bytes(), frame.destination()).is_err() {
-                counters.send_errors += 1;
-            }
-        }
-    }
-}
-
-struct Loop {
-    wake: OwnedFd,
-    inbox: mpsc::Receiver<Command>,
-    pods: HashMap<String, Pod>,
-    counters: ShellCounters,
-    budget: NodeBudget,
-    epoch: Instant,
-}
-
-impl Loop {
-    fn new(wake: OwnedFd, inbox: mpsc::Receiver<Command>, epoch: Instant, budget: NodeBudget) -> Loop {
-        Loop { wake, inbox, pods: HashMap::new(), counters: ShellCounters::default(), budget, epoch }
-    }
-
-    fn now(&self) -> u64 {
-        clock(self.epoch)
-    }
-
-    fn run(mut self) {
-        let mut fds: Vec<RawFd> = Vec::new();
-        // Beside each descriptor after the wake-up pipe's: the pod and the shard it reads.
-        let mut owners: Vec<(String, usize)> = Vec::new();
-        let mut readable = Vec::new();
-        let mut due = Vec::new();
-        let mut buf = vec![0u8; 65_536];
-        loop {
-            let Some(changed) = self.read_commands() else { return };
-            // The poll set changes only with the pods: rebuilt then, not at every packet.
-            if changed || fds.is_empty() {
-                fds.clear();
-                owners.clear();
-                fds.push(self.wake.as_raw_fd());
-                for (name, pod) in &self.pods {
-                    for (shard, rx) in pod.path.rx.iter().enumerate() {
-                        fds.push(rx.as_raw_fd());
-                        owners.push((name.clone(), shard));
-                    }
-                }
-            }
-            let now = self.now();
-            let next = self.pods.values().filter_map(Pod::next_wakeup).min();
-            let timeout = next.map(|at| at.saturating_sub(now));
-            if let Err(e) = sys::wait_readable(&fds, timeout, &mut readable) {
-                tracing::error!(error = %e, "the userspace datapath's poll failed; the loop ends");
-                return;
-            }
-            if readable.first() == Some(&true) {
-                let mut drain = [0u8; 64];
-                while nix::unistd::read(&self.wake, &mut drain).is_ok_and(|n| n > 0) {}
-            }
-            for (i, (name, shard)) in owners.iter().enumerate() {
-                if readable.get(i + 1) == Some(&true)
-                    && let Some(pod) = self.pods.get_mut(name)
-                {
-                    receive(&mut pod.path, *shard, &mut buf, self.epoch, &mut self.counters, &mut self.budget);
-                }
-            }
-            let now = self.now();
-            for pod in self.pods.values_mut() {
-                pod.send_due(now, &mut due, &mut self.counters, &mut self.budget);
-            }
-        }
-    }
-
-    /// Applies the commands waiting: whether the pods (or their sockets) changed, `None` once the Shell is gone.
-    fn read_commands(&mut self) -> Option<bool> {
-        let mut changed = false;
-        loop {
-            match self.inbox.try_recv() {
-                Ok(Command::Attach(name, path)) => {
-                    let mut draining = Vec::new();
-                    if let Some(old) = self.pods.remove(&name) {
-                        self.counters.capture_overruns += old.path.take_dropped();
-                        draining = old.draining;
-                        draining.push(old.path.pipeline);
-                        draining.retain(|p| p.next_wakeup().is_some());
-                    }
-                    self.pods.insert(name, Pod { path: *path, draining });
-                    changed = true;
-                }
-                Ok(Command::Retune(name, pipeline)) => {
-                    let now = clock(self.epoch);
-                    if let Some(pod) = self.pods.get_mut(&name) {
-                        let old = std::mem::replace(&mut pod.path.pipeline, *pipeline);
-                        if let Some(rest) = pod.path.pipeline.take_over(old, now) {
-                            pod.draining.push(rest);
-                        }
-                    }
-                }
-                Ok(Command::Detach(name)) => {
-                    if let Some(old) = self.pods.remove(&name) {
-                        self.budget.release(old.held());
-                        self.counters.capture_overruns += old.path.take_dropped();
-                        changed = true;
-                    }
-                }
-                Ok(Command::Counters(name, reply)) => {
-                    if let Some(pod) = self.pods.get(&name) {
-                        self.counters.capture_overruns += pod.path.take_dropped();
-                    }
-                    let totals = ShellCounters {
-                        budget_drops: self.budget.drops(),
-                        queued_bytes: self.budget.held(),
-                        ..self.counters
-                    };
-                    let answer = self.pods.get(&name).map(|p| (p.path.pipeline.counters().collect(), totals));
-                    let _ = reply.send(answer);
-                }
-                #[cfg(test)]
-                Ok(Command::Panic) => panic!("the loop was asked to fail"),
-                Err(mpsc::TryRecvError::Empty) => return Some(changed),
-                Err(mpsc::TryRecvError::Disconnected) => return None,
-            }
-        }
-    }
-}
-
-/// Reads what is waiting on one of the pod's capture sockets (a bounded batch, so that neither a busy pod nor a
-/// busy shard holds up the others or the delay line for long) into its pipeline; packets for no destination
-/// leave at once.
-fn receive(
-    path: &mut PodPath,
-    shard: usize,
-    buf: &mut [u8],
-    epoch: Instant,
-    counters: &mut ShellCounters,
-    node: &mut NodeBudget,
-) {
-    const BATCH: usize = 64;
-    let len = (path.mtu as usize).clamp(68, buf.len());
-    for _ in 0..BATCH {
-        let got = match path.rx[shard].recv(&mut buf[..len]) {
-            Ok(Some(got)) => got,
-            Ok(None) => return,
-            Err(e) => {
-                tracing::warn!(error = %e, "reading a pod's captured packets failed");
-                return;
-            }
-        };
-        let Some(frame) = Frame::parse(buf[..got.len].to_vec()) else {
-            counters.malformed += 1;
-            continue;
-        };
-        if let Pushed::PassThrough(frame) = path.pipeline.push(frame, clock(epoch), node)
-            && path.tx.send(frame.bytes(), frame.destination()).is_err()
-        {
-            counters.send_errors += 1;
         }
     }
 }

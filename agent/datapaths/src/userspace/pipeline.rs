@@ -64,6 +64,16 @@ impl Frame {
     }
 }
 
+impl super::sys::Outgoing for Frame {
+    fn packet(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    fn destination(&self) -> IpAddr {
+        self.destination
+    }
+}
+
 impl Packet for Frame {
     /// On the wire: with its Ethernet header.
     fn len(&self) -> usize {

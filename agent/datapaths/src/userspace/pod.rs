@@ -33,7 +33,7 @@ impl Userspace {
     /// The loop, its queues held to `budget_bytes` on the node ([`super::budget`]), and the agent's namespace.
     pub async fn start(budget_bytes: u64) -> io::Result<Arc<Userspace>> {
         Ok(Arc::new(Userspace {
-            shell: Shell::start(budget_bytes)?,
+            shell: Shell::start(budget_bytes, super::IoBatch::DEFAULT)?,
             netns: Netns::scratch().await?,
             next: AtomicU64::new(0),
         }))

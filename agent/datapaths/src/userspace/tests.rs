@@ -4,7 +4,7 @@ use super::*;
 
 #[test]
 fn a_loop_that_ends_by_a_bug_is_seen_to_have_stopped() {
-    let shell = Shell::start(budget::DEFAULT_BYTES).unwrap();
+    let shell = Shell::start(budget::DEFAULT_BYTES, IoBatch::DEFAULT).unwrap();
     assert!(shell.running());
     assert_eq!(shell.counters("pod-0"), None, "the loop answers while it runs");
     shell.send(Command::Panic);

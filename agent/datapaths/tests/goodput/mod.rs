@@ -66,6 +66,10 @@ pub fn steady_goodput_bps(listener: TcpListener, sender: TcpStream) -> f64 {
     drop(receiver);
     writer.join().unwrap();
     let ((t0, b0), (t1, b1)) = (mark.expect("no data 0.5 s after the first byte"), last.expect("no data"));
+    // A flow stalled from before the window to after it (a retransmission timeout backed off) read nothing in it.
+    if t1 <= t0 {
+        return 0.0;
+    }
     (b1 - b0) as f64 * 8.0 / (t1 - t0).as_secs_f64()
 }
 
