@@ -7,8 +7,11 @@
 //! - one-pod update at 1,000 pods × 100 links: a destination pod changes its IP, then `recompute`.
 //! - NetworkTopology of issue 16: 20 regions (the Azure dataset's) × 50 pods, expanded into 400 NetworkLinks
 //!   (380 directed region pairs and 20 intra-region), then the full plan: 1,000 pods, 999 destinations each.
+//! - 10,000 pods × 100 links (issue 32): the same namespaces, links and Services with 100 pods per app, single-stack,
+//!   on 100 nodes (100 pods each): 100 sources × 101 destinations per link, 1,010,000 pairs, within the default
+//!   total pair limit; the full plan and the one-pod update as above.
 //! - memory: bytes held by the planner after the full computation and the allocation peak during it (a
-//!   counting allocator), and the process's peak RSS; and bytes held per pair for one link at the default
+//!   counting allocator), for the 1,000 and the 10,000 pod worlds, and the process's peak RSS; and bytes held per pair for one link at the default
 //!   per-link limit: 1,000 source pods × 512 destinations (256 dual-stack pods), 512,000 pairs; and the
 //!   planner at the default total pair limit: five such links in five namespaces ask for 2,560,000 pairs, of
 //!   which the first four, 2,048,000 pairs, would exceed 2,000,000: three are admitted and two refused.
@@ -17,11 +20,15 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use isthmus_operator::api::{FromSpec, ImpairmentSpec, NetworkLink, NetworkLinkSpec, ServiceInclusion, ToSpec};
-use isthmus_operator::index::{Index, LinkInfo, ObjectKey, PodInfo, PodPhase, ServiceInfo};
+use isthmus_operator::api::{ImpairmentSpec, NetworkLink};
+use isthmus_operator::index::{Index, LinkInfo, ObjectKey};
 use isthmus_operator::plan::{PlanLimits, Planner, compute, compute_with};
 use isthmus_test_kit::stats::Sorted;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
+
+#[path = "support/worlds.rs"]
+mod worlds;
+use worlds::{labels, link, pod, selector, ten_thousand_pods_hundred_links, thousand_pods_hundred_links};
 
 struct Counting;
 
@@ -46,89 +53,6 @@ unsafe impl GlobalAlloc for Counting {
 
 #[global_allocator]
 static ALLOC: Counting = Counting;
-
-fn labels(pairs: &[(&str, &str)]) -> std::collections::BTreeMap<String, String> {
-    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
-}
-
-fn selector(pairs: &[(&str, &str)]) -> LabelSelector {
-    LabelSelector { match_labels: Some(labels(pairs)), match_expressions: None }
-}
-
-fn pod(ns: &str, name: &str, app: &str, node: usize, n: u32) -> (ObjectKey, PodInfo) {
-    (
-        ObjectKey::new(ns, name),
-        PodInfo {
-            uid: format!("{ns}-{name}-uid"),
-            labels: labels(&[("app", app)]),
-            node: Some(format!("node-{node:02}")),
-            ips: vec![
-                format!("10.{}.{}.{}", n >> 16 & 255, n >> 8 & 255, n & 255).parse().unwrap(),
-                format!("fd00::{n:x}").parse().unwrap(),
-            ],
-            phase: PodPhase::Running,
-            terminating: false,
-            host_network: false,
-        },
-    )
-}
-
-fn link(ns: &str, name: &str, from: LabelSelector, to: LabelSelector) -> (ObjectKey, LinkInfo) {
-    let spec = NetworkLinkSpec {
-        from: FromSpec { pod_selector: from },
-        to: ToSpec {
-            pod_selector: Some(to),
-            namespace_selector: None,
-            cidrs: vec![],
-            services: ServiceInclusion::Matching,
-        },
-        impairment: Some(ImpairmentSpec {
-            latency: Some("40ms".into()),
-            jitter: Some("2ms".into()),
-            bandwidth: Some("100Mbit".into()),
-            ..Default::default()
-        }),
-        reverse: None,
-        symmetric: false,
-        one_way: false,
-        profile: None,
-        priority: 0,
-        verify: None,
-        schedule: None,
-    };
-    let mut l = NetworkLink::new(name, spec);
-    l.metadata.namespace = Some(ns.into());
-    l.metadata.creation_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::from_second(1).unwrap()));
-    LinkInfo::from_link(&l)
-}
-
-fn thousand_pods_hundred_links() -> Index {
-    let mut index = Index::default();
-    let mut n = 0;
-    for ns_i in 0..10 {
-        let ns = format!("ns-{ns_i}");
-        index.namespaces.insert(ns.clone(), labels(&[("kubernetes.io/metadata.name", &ns)]));
-        for app_i in 0..10 {
-            let app = format!("app-{app_i}");
-            for pod_i in 0..10 {
-                n += 1;
-                let (k, v) = pod(&ns, &format!("{app}-{pod_i}"), &app, (n as usize) % 20, n);
-                index.pods.insert(k, v);
-            }
-            index.services.insert(
-                ObjectKey::new(&ns, &app),
-                ServiceInfo {
-                    selector: labels(&[("app", &app)]),
-                    cluster_ips: vec![format!("10.96.{ns_i}.{app_i}").parse().unwrap()],
-                },
-            );
-            let to = format!("app-{}", (app_i + 1) % 10);
-            let (k, v) = link(&ns, &format!("link-{app_i}"), selector(&[("app", &app)]), selector(&[("app", &to)]));
-            index.links.insert(k, v);
-        }
-    }
-    index
-}
 
 fn mesh(pods: u32) -> Index {
     let mut index = Index::default();
@@ -262,12 +186,13 @@ fn full(scenario: &'static str, index: &Index, runs: usize, target: Duration) ->
     Row { scenario, median, max, target, detail: format!("{pairs} pairs, {runs} runs") }
 }
 
-fn one_pod_update(index: &Index, runs: usize) -> Row {
+fn one_pod_update(scenario: &'static str, index: &Index, runs: usize, target: Duration) -> Row {
     let mut planner = compute(index.clone());
     let key = ObjectKey::new("ns-3", "app-4-7");
     let original = planner.index().pods[&key].clone();
     let mut moved = original.clone();
-    moved.ips = vec!["10.200.0.1".parse().unwrap(), "fd00::ffff".parse().unwrap()];
+    let new_ips = ["10.200.0.1".parse().unwrap(), "fd00::ffff".parse().unwrap()];
+    moved.ips = new_ips[..original.ips.len()].to_vec();
     let mut samples = Vec::with_capacity(runs);
     let mut nodes = 0;
     for i in 0..runs {
@@ -280,12 +205,23 @@ fn one_pod_update(index: &Index, runs: usize) -> Row {
     }
     let (median, max) = median_of(samples);
     Row {
-        scenario: "one-pod update (1,000 pods × 100 links)",
+        scenario,
         median,
         max,
-        target: Duration::from_millis(1),
+        target,
         detail: format!("destination pod IP change; {nodes} node plans changed; {runs} runs"),
     }
+}
+
+/// What the planner holds after the full computation over `index`, and the allocation peak during it.
+fn memory(index: &Index) -> (usize, usize) {
+    let before = CURRENT.load(Ordering::Relaxed);
+    PEAK.store(before, Ordering::Relaxed);
+    let planner: Planner = compute(index.clone());
+    let held = CURRENT.load(Ordering::Relaxed) - before;
+    let peak = PEAK.load(Ordering::Relaxed) - before;
+    drop(planner);
+    (held, peak)
 }
 
 fn peak_rss_kib() -> Option<u64> {
@@ -304,21 +240,21 @@ fn main() {
     let runs = if quick { 1 } else { 31 };
 
     let big = thousand_pods_hundred_links();
+    let huge = ten_thousand_pods_hundred_links();
     let mesh = mesh(200);
+    let updates = if quick { 2 } else { 1001 };
     let rows = [
         full("full plan, 1,000 pods × 100 links", &big, runs, Duration::from_millis(20)),
         full("full plan, 200-pod full mesh", &mesh, runs, Duration::from_millis(200)),
-        one_pod_update(&big, if quick { 2 } else { 1001 }),
+        one_pod_update("one-pod update (1,000 pods × 100 links)", &big, updates, Duration::from_millis(1)),
         topology_plan(&topology_world(), runs),
+        full("full plan, 10,000 pods × 100 links", &huge, if quick { 1 } else { 11 }, Duration::from_millis(100)),
+        one_pod_update("one-pod update (10,000 pods × 100 links)", &huge, updates, Duration::from_micros(200)),
     ];
 
     // Memory: what the planner keeps, and the allocation peak while computing, for the 1,000 × 100 world.
-    let before = CURRENT.load(Ordering::Relaxed);
-    PEAK.store(before, Ordering::Relaxed);
-    let planner: Planner = compute(big.clone());
-    let held = CURRENT.load(Ordering::Relaxed) - before;
-    let peak = PEAK.load(Ordering::Relaxed) - before;
-    drop(planner);
+    let (held, peak) = memory(&big);
+    let (huge_held, huge_peak) = memory(&huge);
     let before = CURRENT.load(Ordering::Relaxed);
     PEAK.store(before, Ordering::Relaxed);
     let mesh_planner = compute(mesh.clone());
@@ -350,7 +286,7 @@ fn main() {
             r.scenario,
             r.median.as_secs_f64() * 1e3,
             r.max.as_secs_f64() * 1e3,
-            r.target.as_millis(),
+            r.target.as_secs_f64() * 1e3,
             r.detail
         );
     }
@@ -358,6 +294,11 @@ fn main() {
         "| memory, 1,000 pods × 100 links | {:.1} MiB held | {:.1} MiB peak alloc | ≤ 100 MiB | planner with index, resolutions and node plans |",
         mib(held),
         mib(peak)
+    );
+    println!(
+        "| memory, 10,000 pods × 100 links | {:.1} MiB held | {:.1} MiB peak alloc | ≤ 256 MiB (chart default) | single-stack pods, 1,010,000 pairs |",
+        mib(huge_held),
+        mib(huge_peak)
     );
     println!(
         "| memory, 200-pod mesh | {:.1} MiB held | {:.1} MiB peak alloc | ≤ 100 MiB | |",

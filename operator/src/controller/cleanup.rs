@@ -64,7 +64,13 @@ impl Controller {
 
     /// Releases the finalizer of each deleted link whose nodes are done, or whose wait ran out.
     pub(super) fn check_cleanups(&mut self) {
-        let reports = self.reports.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if self.cleanups.is_empty() {
+            return;
+        }
+        // Held through the loop rather than copied: a copy of every report is every pod's result in the cluster,
+        // and this runs after every batch. The dispatchers only wait on it to record a reply.
+        let reports = self.reports.clone();
+        let reports = reports.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
         for (key, pending) in &self.cleanups {
             let Some(meta) = self.links.get(key) else { continue };

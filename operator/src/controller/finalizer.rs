@@ -180,7 +180,7 @@ mod tests {
             capabilities: Capabilities::default(),
             leftovers: vec![],
         };
-        NodeReport { applied: Some(AppliedPlan { plan: Arc::new(plan), reply }), failure: None, capabilities: None }
+        NodeReport { applied: Some(AppliedPlan::new(Arc::new(plan), reply)), failure: None, capabilities: None }
     }
 
     fn set(items: &[&str]) -> BTreeSet<String> {

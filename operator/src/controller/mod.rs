@@ -130,11 +130,10 @@ pub async fn run_with_updates(
                 c.on_updates(update, &mut updates);
             }
             Some(node) = reported_rx.recv() => {
-                c.gates.nodes.insert(node);
+                c.report_changed(node);
                 while let Ok(node) = reported_rx.try_recv() {
-                    c.gates.nodes.insert(node);
+                    c.report_changed(node);
                 }
-                c.status.dirty.extend(c.links.keys().cloned());
                 c.after_batch();
             }
             Some(results) = measured_rx.recv() => c.on_measured(results),
@@ -222,9 +221,16 @@ impl Controller {
         self.after_batch();
     }
 
+    /// A node's agent report changed: its pods' gates and the links its pods hold pairs of may have.
+    fn report_changed(&mut self, node: String) {
+        self.status.nodes.insert(node.clone());
+        self.gates.nodes.insert(node);
+    }
+
     fn recompute(&mut self) {
         let changes = self.planner.recompute();
         self.gates.nodes.extend(changes.nodes.iter().cloned());
+        self.status.nodes.extend(changes.nodes.iter().cloned());
         self.gates.all |= changes.selection;
         self.dirty_nodes.extend(changes.nodes);
         self.status.dirty.extend(changes.links);
@@ -246,6 +252,7 @@ impl Controller {
             if input.agent_instance.is_none() && input.plan.pods.is_empty() {
                 self.dispatchers.remove(&node);
                 self.reports.lock().unwrap_or_else(|p| p.into_inner()).remove(&node);
+                self.status.nodes.insert(node.clone());
             } else {
                 self.dispatchers.set(&node, input);
             }

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use isthmus_agent_api::{ApplyReply, Capabilities, NodePlan, PodOutcome};
+use isthmus_agent_api::{ApplyReply, Capabilities, NodePlan, PodOutcome, PodPlan, PodResult};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
@@ -34,6 +34,43 @@ pub struct NodeInput {
 pub struct AppliedPlan {
     pub plan: Arc<NodePlan>,
     pub reply: ApplyReply,
+    /// Positions in `plan.pods` and `reply.pods`, sorted by pod: each pod's confirmation is then a binary search.
+    /// Scanning both lists cost the node's pods for each of its pods, at every status and gate decision.
+    plan_order: Vec<usize>,
+    reply_order: Vec<usize>,
+}
+
+impl AppliedPlan {
+    pub fn new(plan: Arc<NodePlan>, reply: ApplyReply) -> Self {
+        let mut plan_order: Vec<usize> = (0..plan.pods.len()).collect();
+        plan_order.sort_by(|&a, &b| pod_key(&plan.pods[a]).cmp(&pod_key(&plan.pods[b])));
+        // Stable: among equal pods, the reply's first one is found first, as a scan would find it.
+        let mut reply_order: Vec<usize> = (0..reply.pods.len()).collect();
+        reply_order.sort_by(|&a, &b| result_key(&reply.pods[a]).cmp(&result_key(&reply.pods[b])));
+        AppliedPlan { plan, reply, plan_order, reply_order }
+    }
+
+    /// The agent's result for the pod, if the plan it acknowledged holds exactly the pod's entry.
+    pub fn confirmed(&self, pod: &PodPlan) -> Option<&PodResult> {
+        let key = pod_key(pod);
+        let from = self.plan_order.partition_point(|&i| pod_key(&self.plan.pods[i]) < key);
+        let same = self.plan_order[from..].iter().map(|&i| &self.plan.pods[i]).take_while(|p| pod_key(p) == key);
+        if !same.into_iter().any(|p| p == pod) {
+            return None;
+        }
+        let key = (pod.namespace.as_str(), pod.name.as_str(), pod.uid.as_str());
+        let at = self.reply_order.partition_point(|&i| result_key(&self.reply.pods[i]) < key);
+        let result = &self.reply.pods[*self.reply_order.get(at)?];
+        (result_key(result) == key).then_some(result)
+    }
+}
+
+fn pod_key(p: &PodPlan) -> (&str, &str) {
+    (&p.namespace, &p.name)
+}
+
+fn result_key(r: &PodResult) -> (&str, &str, &str) {
+    (&r.namespace, &r.name, &r.uid)
 }
 
 /// Why the node's latest plan is not in force.
@@ -209,7 +246,7 @@ impl NodeLoop {
                 self.retry_at = Instant::now();
                 self.resync_at = Instant::now() + self.shared.config.resync;
                 let capabilities = reply.capabilities.clone();
-                let applied = AppliedPlan { plan: Arc::new(plan), reply };
+                let applied = AppliedPlan::new(Arc::new(plan), reply);
                 self.record(|r| {
                     r.capabilities = Some(capabilities);
                     r.failure = None;

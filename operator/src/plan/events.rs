@@ -97,13 +97,16 @@ impl Planner {
     }
 
     fn pod_changed(&mut self, key: &ObjectKey, old: Option<&PodInfo>, new: Option<&PodInfo>) {
+        // Whether a Service selects the pod depends on the pod alone: asked once, not once per link.
+        let served = |pod: &PodInfo| self.index.services_in(&key.namespace).any(|(_, svc)| svc.selects(pod));
+        let (old, new) = (old.map(|p| (p, served(p))), new.map(|p| (p, served(p))));
         for (link_key, link) in &self.index.links {
             if self.dirty_links.contains(link_key) {
                 continue;
             }
             let Some(res) = self.resolutions.get(link_key) else { continue };
-            let touches = |pod: &PodInfo| pod_touches_link(&self.index, link_key, link, res, key, pod);
-            if old.is_some_and(touches) || new.is_some_and(touches) {
+            let touches = |&(pod, served): &(&PodInfo, bool)| pod_touches_link(link_key, link, res, key, pod, served);
+            if old.as_ref().is_some_and(touches) || new.as_ref().is_some_and(touches) {
                 self.dirty_links.insert(link_key.clone());
             }
         }
@@ -133,14 +136,14 @@ impl Planner {
 }
 
 /// Whether a pod can change a link's resolution: it is (or was) a source, a destination, or an endpoint of a
-/// Service in the link's destination namespaces.
+/// Service in the link's destination namespaces (`served`: a Service of its namespace selects it).
 fn pod_touches_link(
-    index: &Index,
     link_key: &ObjectKey,
     link: &LinkInfo,
     res: &Resolution,
     pod_key: &ObjectKey,
     pod: &PodInfo,
+    served: bool,
 ) -> bool {
     let Ok((sel, _)) = &link.compiled else { return false };
     if pod_key.namespace == link_key.namespace && sel.from.matches(&pod.labels) {
@@ -152,5 +155,5 @@ fn pod_touches_link(
     if sel.to_pods.as_ref().is_some_and(|s| s.matches(&pod.labels)) {
         return true;
     }
-    sel.services == ServiceInclusion::Matching && index.services_in(&pod_key.namespace).any(|(_, svc)| svc.selects(pod))
+    sel.services == ServiceInclusion::Matching && served
 }

@@ -17,15 +17,16 @@ pub(super) fn annotate(plan: &mut NodePlan, resolutions: &BTreeMap<ObjectKey, Re
     let mut timelines: BTreeMap<LinkRef, LinkTimeline> = BTreeMap::new();
     let mut unverified: BTreeSet<LinkId> = BTreeSet::new();
     let mut unprobed: BTreeSet<IpNet> = BTreeSet::new();
-    let mut last: Option<(&str, &str, Option<&Resolution>)> = None;
+    let mut last: Option<(&LinkRef, Option<&Resolution>)> = None;
     for dest in plan.pods.iter().flat_map(|p| &p.destinations) {
         let (ns, name) = (dest.link.namespace.as_str(), dest.link.name.as_str());
-        // Destinations of one link sit together; look the link up once per run of them.
+        // Destinations of one link sit together; look the link up once per run of them. A link's destinations
+        // share one `LinkRef`: the pointer settles most of them without comparing names.
         let resolution = match last {
-            Some((n, m, r)) if n == ns && m == name => r,
+            Some((l, r)) if std::ptr::eq(l, &*dest.link) || (l.namespace == ns && l.name == name) => r,
             _ => {
                 let r = resolutions.get(&ObjectKey::new(ns, name));
-                last = Some((ns, name, r));
+                last = Some((&dest.link, r));
                 r
             }
         };

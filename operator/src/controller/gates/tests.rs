@@ -89,7 +89,7 @@ fn acked(plan: &NodePlan, outcomes: &[(&str, PodOutcome)], netem: bool) -> BTree
         leftovers: Vec::new(),
     };
     let report = NodeReport {
-        applied: Some(AppliedPlan { plan: Arc::new(plan.clone()), reply }),
+        applied: Some(AppliedPlan::new(Arc::new(plan.clone()), reply)),
         failure: None,
         capabilities: Some(capabilities),
     };

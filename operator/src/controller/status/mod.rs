@@ -1,6 +1,6 @@
 //! A link's status from the plan's facts and the agents' replies: counts, failures and conditions. Pure, with
-//! the agents' side in `progress.rs` and the conditions' reasons in `reason.rs`; `writer.rs` queues and writes
-//! statuses.
+//! the agents' side in `progress.rs` (kept per node between batches by `ledger.rs`) and the conditions' reasons in
+//! `reason.rs`; `writer.rs` queues and writes statuses.
 
 use std::collections::BTreeMap;
 
@@ -10,14 +10,16 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use crate::api::{MAX_STATUS_FAILURES, MAX_STATUS_OVERLAPS, NetworkLinkStatus, OverlapStatus, PodFailure};
 use crate::plan::LinkFacts;
 
+mod ledger;
 mod measured;
 mod progress;
 mod reason;
 pub mod schedule;
 pub(super) mod writer;
 
+pub use ledger::ProgressLedger;
 pub use measured::{CONFORMANT, MeasuredPart, measured_part, place_measured};
-pub use progress::{FailedPod, Outcome, Progress, judge_entry, progress};
+pub use progress::{FailedPod, Outcome, Progress, judge_entry, node_progress, progress};
 pub use reason::LinkReason;
 
 pub const READY: &str = "Ready";

@@ -59,40 +59,62 @@ pub fn progress<'a>(
 ) -> BTreeMap<ObjectKey, Progress> {
     let mut out: BTreeMap<ObjectKey, Progress> = BTreeMap::new();
     for plan in desired {
-        let report = reports.get(&plan.node);
-        for pod in &plan.pods {
-            let confirmed = confirmed_result(report, pod);
-            for (link, (pairs, needs_netem)) in pairs_per_link(pod) {
-                let p = out.entry(link.clone()).or_default();
-                match judge(&plan.node, report, confirmed.map(|r| &r.outcome), needs_netem) {
-                    Outcome::Applied => {
-                        let refused: Vec<&RefusedDestination> =
-                            confirmed.into_iter().flat_map(|r| &r.refused).filter(|d| link.names(&d.link)).collect();
-                        let refused_pairs = (refused.len() as u32).min(pairs);
-                        let applied = pairs - refused_pairs;
-                        p.applied += applied;
-                        if report
-                            .and_then(|r| r.capabilities.as_ref())
-                            .is_some_and(|c| c.datapath == DatapathKind::Userspace)
-                        {
-                            p.emulated += applied;
-                        }
-                        let caps = confirmed.into_iter().flat_map(|r| &r.queue_caps);
-                        for cap in caps.filter(|c| link.names(&c.link)) {
-                            p.queue_limits_capped += 1;
-                            p.first_cap.get_or_insert_with(|| cap.clone());
-                        }
-                        if let Some((reason, message)) = refusal(&refused) {
-                            p.failed += refused_pairs;
-                            p.failures.push(failure(&plan.node, pod, reason, message));
-                        }
+        for (link, share) in node_progress(plan, reports.get(&plan.node)) {
+            out.entry(link).or_default().add(&share);
+        }
+    }
+    out
+}
+
+impl Progress {
+    /// Adds one node's share. Shares added in node order keep the failures in node order and the first node's
+    /// queue cap as the first.
+    pub fn add(&mut self, share: &Progress) {
+        self.applied += share.applied;
+        self.emulated += share.emulated;
+        self.failed += share.failed;
+        self.failures.extend(share.failures.iter().cloned());
+        self.queue_limits_capped += share.queue_limits_capped;
+        if self.first_cap.is_none() {
+            self.first_cap = share.first_cap.clone();
+        }
+    }
+}
+
+/// One node's share of [`progress`]: its plan's pairs, per link, judged against its agent's report.
+pub fn node_progress(plan: &NodePlan, report: Option<&NodeReport>) -> BTreeMap<ObjectKey, Progress> {
+    let mut out: BTreeMap<ObjectKey, Progress> = BTreeMap::new();
+    let emulating = report.and_then(|r| r.capabilities.as_ref()).is_some_and(|c| c.datapath == DatapathKind::Userspace);
+    for pod in &plan.pods {
+        let confirmed = confirmed_result(report, pod);
+        for ((namespace, name), (pairs, needs_netem)) in pairs_per_link(pod) {
+            let link = ObjectKey::new(namespace, name);
+            let p = out.entry(link.clone()).or_default();
+            match judge(&plan.node, report, confirmed.map(|r| &r.outcome), needs_netem) {
+                Outcome::Applied => {
+                    let refused: Vec<&RefusedDestination> =
+                        confirmed.into_iter().flat_map(|r| &r.refused).filter(|d| link.names(&d.link)).collect();
+                    let refused_pairs = (refused.len() as u32).min(pairs);
+                    let applied = pairs - refused_pairs;
+                    p.applied += applied;
+                    if emulating {
+                        p.emulated += applied;
                     }
-                    Outcome::Failed(reason, message) => {
-                        p.failed += pairs;
+                    let caps = confirmed.into_iter().flat_map(|r| &r.queue_caps);
+                    for cap in caps.filter(|c| link.names(&c.link)) {
+                        p.queue_limits_capped += 1;
+                        p.first_cap.get_or_insert_with(|| cap.clone());
+                    }
+                    if let Some((reason, message)) = refusal(&refused) {
+                        p.failed += refused_pairs;
                         p.failures.push(failure(&plan.node, pod, reason, message));
                     }
-                    Outcome::Pending => {}
                 }
+                Outcome::Failed(reason, message) => {
+                    p.failed += pairs;
+                    p.failures.push(failure(&plan.node, pod, reason, message));
+                }
+                Outcome::Pending => {}
             }
         }
     }
@@ -158,11 +180,12 @@ pub fn judge_entry(node: &str, report: Option<&NodeReport>, pod: &PodPlan, needs
     }
 }
 
-/// The pod's pairs per link, and whether any of them needs netem.
-fn pairs_per_link(pod: &PodPlan) -> BTreeMap<ObjectKey, (u32, bool)> {
-    let mut per_link: BTreeMap<ObjectKey, (u32, bool)> = BTreeMap::new();
+/// The pod's pairs per link (namespace, name), and whether any of them needs netem. Keyed by borrowed names: a
+/// key made per destination cost two string copies per pair of the cluster at every status decision.
+fn pairs_per_link(pod: &PodPlan) -> BTreeMap<(&str, &str), (u32, bool)> {
+    let mut per_link: BTreeMap<(&str, &str), (u32, bool)> = BTreeMap::new();
     for d in &pod.destinations {
-        let e = per_link.entry(ObjectKey::new(&d.link.namespace, &d.link.name)).or_default();
+        let e = per_link.entry((&d.link.namespace, &d.link.name)).or_default();
         e.0 += 1;
         e.1 |= d.impairment.needs_netem();
     }
@@ -171,11 +194,7 @@ fn pairs_per_link(pod: &PodPlan) -> BTreeMap<ObjectKey, (u32, bool)> {
 
 /// The agent's result for the pod, if the plan it acknowledged holds exactly the pod's desired entry.
 fn confirmed_result<'r>(report: Option<&'r NodeReport>, pod: &PodPlan) -> Option<&'r PodResult> {
-    let applied = report?.applied.as_ref()?;
-    if !applied.plan.pods.iter().any(|p| p == pod) {
-        return None;
-    }
-    applied.reply.pods.iter().find(|r| r.uid == pod.uid && r.namespace == pod.namespace && r.name == pod.name)
+    report?.applied.as_ref()?.confirmed(pod)
 }
 
 fn failure(node: &str, pod: &PodPlan, reason: FailureReason, message: String) -> FailedPod {
@@ -229,7 +248,7 @@ mod tests {
             leftovers: Vec::new(),
         };
         NodeReport {
-            applied: Some(AppliedPlan { plan: Arc::new(plan.clone()), reply }),
+            applied: Some(AppliedPlan::new(Arc::new(plan.clone()), reply)),
             failure: None,
             capabilities: Some(caps),
         }

@@ -15,7 +15,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use super::schedule::{refresh_due, schedule_status};
-use super::{DEGRADED, LinkReason, OVERLAPPING, READY, link_status, progress, transitions};
+use super::{DEGRADED, LinkReason, OVERLAPPING, ProgressLedger, READY, link_status, transitions};
 use crate::api::{NetworkLinkStatus, ScheduleState, ScheduleStatus, StoredLink};
 use crate::clock::now_seconds;
 use crate::controller::write_loop::{self, write_while_leading};
@@ -38,6 +38,10 @@ type Jobs = write_loop::Jobs<StatusJob>;
 pub(in crate::controller) struct StatusQueue {
     /// Links whose status may have changed since the last flush.
     pub(in crate::controller) dirty: BTreeSet<ObjectKey>,
+    /// Nodes whose plan or agent report changed since the last flush: their share of each link's progress is
+    /// recomputed, and the links whose share changed become dirty.
+    pub(in crate::controller) nodes: BTreeSet<String>,
+    ledger: ProgressLedger,
     /// The last status queued per link, so that one is not queued again while the watch catches up.
     pub(in crate::controller) queued: BTreeMap<ObjectKey, NetworkLinkStatus>,
     /// When the tick last asked for each scheduled link's status to be refreshed (Unix ms).
@@ -82,14 +86,17 @@ impl StatusQueue {
 impl Controller {
     /// Queues the status of each dirty link that differs from both the server's and the last one queued.
     pub(in crate::controller) fn flush_statuses(&mut self) {
+        if !self.status.nodes.is_empty() {
+            let reports = self.reports.lock().unwrap_or_else(|p| p.into_inner());
+            for node in std::mem::take(&mut self.status.nodes) {
+                let changed = self.status.ledger.update(&node, self.planner.node_plan(&node), reports.get(&node));
+                self.status.dirty.extend(changed);
+            }
+        }
         if self.status.dirty.is_empty() {
             return;
         }
         let dirty = std::mem::take(&mut self.status.dirty);
-        let progress = {
-            let reports = self.reports.lock().unwrap_or_else(|p| p.into_inner());
-            progress(self.planner.node_plans(), &reports)
-        };
         let now = now_seconds();
         let now_ms = unix_ms_now();
         let mut queued_any = false;
@@ -105,9 +112,10 @@ impl Controller {
                     None => continue,
                 },
             };
-            let mut new = link_status(&facts, progress.get(&key), meta.status.as_ref(), &now);
+            let progress = self.status.ledger.progress(&key);
+            let mut new = link_status(&facts, progress.as_ref(), meta.status.as_ref(), &now);
             let previous = meta.status.clone();
-            self.with_measured(&key, &mut new, previous.as_ref(), progress.get(&key), &now);
+            self.with_measured(&key, &mut new, previous.as_ref(), progress.as_ref(), &now);
             new.schedule =
                 self.planner.link_timeline(&key).map(|t| schedule_status(t, self.status.position(&key, t, now_ms)));
             // Cut before comparing: what the server holds is already cut, and an uncut status would differ forever.
