@@ -131,10 +131,11 @@ impl Loop {
         let mut poll = PollSet::default();
         // Beside each descriptor after the wake-up pipe's: the pod and the shard it reads.
         let mut owners: Vec<(String, usize)> = Vec::new();
+        let mut first = true;
         loop {
             let Some(changed) = self.read_commands() else { return };
             // The poll set changes only with the pods: rebuilt then, not at every packet.
-            if changed || owners.is_empty() {
+            if changed || std::mem::take(&mut first) {
                 owners.clear();
                 for (name, pod) in &self.pods {
                     owners.extend((0..pod.path.rx.len()).map(|shard| (name.clone(), shard)));
