@@ -111,30 +111,45 @@ fn link_event() -> impl Strategy<Value = Event> {
     (
         (0..3usize, 0..4u8, 0..3usize, 0..3usize),
         (0..4usize, 0..4usize, 0..3i32, 0..3i64, 1..100u32),
-        (prop::bool::weighted(0.2), prop::bool::weighted(0.1), prop::bool::weighted(0.85)),
+        (
+            prop::bool::weighted(0.2),
+            prop::bool::weighted(0.1),
+            prop::bool::weighted(0.85),
+            prop::bool::weighted(0.2),
+            prop::bool::weighted(0.2),
+        ),
     )
-        .prop_map(|((ns, name, from, to), (ns_sel, dir, priority, created, ms), (cidr, ignore_svc, present))| {
-            let mut s: NetworkLinkSpec = spec(APPS[from], APPS[to], ms);
-            s.priority = priority;
-            s.to.namespace_selector = match ns_sel {
-                0 | 1 => None,
-                2 => Some(selector(&[("env", "x")])),
-                _ => Some(selector(&[])),
-            };
-            match dir {
-                1 => s.symmetric = true,
-                2 => s.reverse = Some(latency(ms + 1)),
-                _ => {}
-            }
-            if cidr {
-                s.to.cidrs = vec!["203.0.113.0/24".into()];
-            }
-            if ignore_svc {
-                s.to.services = ServiceInclusion::Ignore;
-            }
-            let (key, info) = link(NAMESPACES[ns], &format!("link-{name}"), created, s);
-            Event::Link(key, present.then_some(info))
-        })
+        .prop_map(
+            |((ns, name, from, to), (ns_sel, dir, priority, created, ms), (cidr, ignore_svc, present, quiet, flap))| {
+                let mut s: NetworkLinkSpec = spec(APPS[from], APPS[to], ms);
+                s.priority = priority;
+                // The plan's probing hints and timelines (verify.rs) follow `verify` and `schedule`.
+                if quiet {
+                    s.verify = Some(false);
+                }
+                if flap {
+                    s.schedule = Some(serde_yaml::from_str(&format!("{{flap: {{up: {ms}s, down: 2s}}}}")).unwrap());
+                }
+                s.to.namespace_selector = match ns_sel {
+                    0 | 1 => None,
+                    2 => Some(selector(&[("env", "x")])),
+                    _ => Some(selector(&[])),
+                };
+                match dir {
+                    1 => s.symmetric = true,
+                    2 => s.reverse = Some(latency(ms + 1)),
+                    _ => {}
+                }
+                if cidr {
+                    s.to.cidrs = vec!["203.0.113.0/24".into()];
+                }
+                if ignore_svc {
+                    s.to.services = ServiceInclusion::Ignore;
+                }
+                let (key, info) = link(NAMESPACES[ns], &format!("link-{name}"), created, s);
+                Event::Link(key, present.then_some(info))
+            },
+        )
 }
 
 fn event() -> impl Strategy<Value = Event> {

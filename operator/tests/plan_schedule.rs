@@ -6,6 +6,7 @@ mod support;
 
 use isthmus_agent_api::{Direction, LinkRef};
 use isthmus_operator::api::ScheduleSpec;
+use isthmus_operator::index::ObjectKey;
 use isthmus_operator::plan::Planner;
 use support::*;
 
@@ -55,6 +56,44 @@ fn a_scheduled_links_timelines_reach_the_nodes_of_its_sources() {
     let changes = p.recompute();
     assert_eq!(changes.nodes, vec!["n1", "n2"]);
     assert!(p.node_plans().all(|plan| plan.timelines.is_empty()));
+}
+
+#[test]
+fn a_changed_schedule_reaches_a_node_that_runs_several_of_its_sources() {
+    // Two sources on one node share the node's timeline; a schedule's change must replace it, not keep the
+    // first share's copy because the other share still names the link.
+    let mut p = Planner::new();
+    for (name, app, node, ip) in
+        [("c1", "client", "n1", "10.0.0.1"), ("c2", "client", "n1", "10.0.0.4"), ("s", "server", "n2", "10.0.0.2")]
+    {
+        let (k, v) = pod("ns", name, app, node, &[ip]);
+        p.upsert_pod(k, v);
+    }
+    let mut flapping = spec("client", "server", 10);
+    flapping.schedule = Some(flap());
+    let (k, v) = link("ns", "wan", 1, flapping.clone());
+    p.upsert_link(k, v);
+    p.recompute();
+    let durations = |p: &Planner| -> Vec<Vec<u64>> {
+        let plan = p.node_plan("n1").unwrap();
+        plan.timelines.iter().map(|t| t.timeline.phases().iter().map(|ph| ph.duration_ms).collect()).collect()
+    };
+    assert_eq!(durations(&p), [[10_000, 2_000]]);
+
+    flapping.schedule = Some(serde_yaml::from_str("{flap: {up: 30s, down: 5s}}").unwrap());
+    let (k, v) = link("ns", "wan", 1, flapping);
+    p.upsert_link(k, v);
+    let changes = p.recompute();
+    assert_eq!(changes.nodes, vec!["n1"]);
+    assert_eq!(durations(&p), [[30_000, 5_000]]);
+
+    // One source leaves: the node keeps the timeline for the other; both gone, it goes.
+    p.delete_pod(&ObjectKey::new("ns", "c1"));
+    p.recompute();
+    assert_eq!(durations(&p), [[30_000, 5_000]]);
+    p.delete_pod(&ObjectKey::new("ns", "c2"));
+    p.recompute();
+    assert!(p.node_plan("n1").is_none(), "no source left on n1");
 }
 
 fn trace_map(lines_per_second: u64) -> k8s_openapi::api::core::v1::ConfigMap {

@@ -80,8 +80,8 @@ impl Planner {
             let node = self.pod_nodes.get(*pod);
             let stats = node
                 .and_then(|n| self.nodes.get(n))
-                .and_then(|s| s.link_stats.get(*pod))
-                .and_then(|per_link| per_link.get(key));
+                .and_then(|s| s.pod_states.get(*pod))
+                .and_then(|behind| behind.link_stats.get(key));
             if let Some(stats) = stats {
                 if let Some(refusal) = &stats.refused {
                     exclusions.push(Exclusion {

@@ -8,15 +8,24 @@ use isthmus_agent_api::{NodePlan, PodPlan};
 
 use super::limits::{PlanLimits, Refusal};
 use super::selection::{EndpointMemo, Resolution, mark_changed_sources, resolve_link_with};
-use super::verify;
+use super::verify::{NodeShares, PodShare};
 use super::winner::{LinkStats, PodOutput, compute_pod};
 use crate::index::{Index, ObjectKey};
 
-/// One node's plan (pods sorted by namespace and name) and the counts behind each pod's entry.
+/// One node's plan (pods sorted by namespace and name), what lies behind each pod's entry, and the plan's
+/// `unverified`, `unprobed` and `timelines` counted over the pods' shares (verify.rs).
 #[derive(Debug, Clone, PartialEq, Default)]
 pub(super) struct NodeState {
     pub(super) plan: NodePlan,
-    pub(super) link_stats: BTreeMap<ObjectKey, BTreeMap<ObjectKey, LinkStats>>,
+    pub(super) pod_states: BTreeMap<ObjectKey, PodState>,
+    annotations: NodeShares,
+}
+
+/// Behind one pod's entry: the counts per link (for the links' status facts) and its share of its node's lists.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub(super) struct PodState {
+    pub(super) link_stats: BTreeMap<ObjectKey, LinkStats>,
+    share: PodShare,
 }
 
 impl NodeState {
@@ -57,8 +66,9 @@ pub struct Planner {
     pub(super) dirty_pods: BTreeSet<ObjectKey>,
     /// Since the last recompute: see [`Changes::selection`].
     pub(super) selection_changed: bool,
-    /// Nodes whose `unverified`/`unprobed` may differ: they run a source of a link whose resolution changed.
-    pub(super) dirty_annotations: BTreeSet<String>,
+    /// Pods whose share of their node's `unverified`/`unprobed`/`timelines` may differ: their entry changed, or
+    /// they are a source of a link whose resolution or admission changed.
+    pub(super) dirty_annotations: BTreeSet<ObjectKey>,
     /// The links whose schedule replays a trace, as last applied: compiled again when their ConfigMap changes.
     pub(super) trace_links: BTreeMap<ObjectKey, std::sync::Arc<crate::api::NetworkLink>>,
 }
@@ -105,11 +115,14 @@ impl Planner {
         for pod in std::mem::take(&mut self.dirty_pods) {
             self.recompute_pod(pod, &mut changed_nodes, &mut changed_links);
         }
-        let mut annotate: BTreeSet<String> = std::mem::take(&mut self.dirty_annotations);
-        annotate.extend(changed_nodes.iter().cloned());
+        // A node whose pod left it has a share less; one whose pods' shares changed is listed by `reshare`.
+        let mut annotate: BTreeSet<String> = changed_nodes.clone();
+        for pod in std::mem::take(&mut self.dirty_annotations) {
+            self.reshare(&pod, &mut annotate);
+        }
         for node in annotate {
             if let Some(state) = self.nodes.get_mut(&node)
-                && verify::annotate(&mut state.plan, &self.resolutions)
+                && state.annotations.write(&mut state.plan)
             {
                 changed_nodes.insert(node);
             }
@@ -141,7 +154,7 @@ impl Planner {
             }
             changed_links.insert(link_key.clone());
             for r in old.iter().chain(new.iter()) {
-                self.dirty_annotations.extend(r.sides().flat_map(|(_, s)| s.sources.iter().map(|s| s.node.clone())));
+                self.dirty_annotations.extend(r.source_pods().into_iter().cloned());
             }
             mark_changed_sources(old.as_ref(), new.as_ref(), &mut self.dirty_pods);
             if let Some(old) = &old {
@@ -193,7 +206,7 @@ impl Planner {
                 && let Some(res) = self.resolutions.get(&key)
             {
                 self.dirty_pods.extend(res.source_pods().into_iter().cloned());
-                self.dirty_annotations.extend(res.sides().flat_map(|(_, s)| s.sources.iter().map(|s| s.node.clone())));
+                self.dirty_annotations.extend(res.source_pods().into_iter().cloned());
             }
         }
     }
@@ -227,8 +240,9 @@ impl Planner {
             if let Ok(i) = state.position(&pod) {
                 state.plan.pods.remove(i);
             }
-            if let Some(stats) = state.link_stats.remove(&pod) {
-                changed_links.extend(stats.into_keys());
+            if let Some(gone) = state.pod_states.remove(&pod) {
+                changed_links.extend(gone.link_stats.into_keys());
+                state.annotations.remove(&gone.share);
             }
             if state.plan.pods.is_empty() {
                 self.nodes.remove(&node);
@@ -239,16 +253,34 @@ impl Planner {
             changed_links.extend(out.link_stats.keys().cloned());
             let state = self.nodes.entry(out.node.clone()).or_insert_with(|| NodeState {
                 plan: NodePlan { node: out.node.clone(), ..NodePlan::default() },
-                link_stats: BTreeMap::new(),
+                ..NodeState::default()
             });
             match state.position(&pod) {
                 Ok(i) => state.plan.pods[i] = out.plan,
                 Err(i) => state.plan.pods.insert(i, out.plan),
             }
-            state.link_stats.insert(pod.clone(), out.link_stats);
+            // Its share is added by `reshare`: the entry left its node above, share and all.
+            state.pod_states.insert(pod.clone(), PodState { link_stats: out.link_stats, share: PodShare::default() });
+            self.dirty_annotations.insert(pod.clone());
             self.pod_nodes.insert(pod, out.node.clone());
             changed_nodes.insert(out.node);
         }
+    }
+
+    /// Recomputes a pod's share of its node's lists; lists the node when the share changed. A pod without an
+    /// entry has no share: its node took it back when the entry went (`recompute_pod`).
+    fn reshare(&mut self, pod: &ObjectKey, annotate: &mut BTreeSet<String>) {
+        let Some(node) = self.pod_nodes.get(pod) else { return };
+        let state = self.nodes.get_mut(node).expect("a pod's node has a state");
+        let (Ok(i), Some(behind)) = (state.position(pod), state.pod_states.get_mut(pod)) else { return };
+        let share = PodShare::of(&state.plan.pods[i], &self.resolutions);
+        if behind.share == share {
+            return;
+        }
+        state.annotations.remove(&behind.share);
+        state.annotations.add(&share);
+        behind.share = share;
+        annotate.insert(node.clone());
     }
 
     /// Whether the pod's cached entry (node, plan, counts) is already `out`.
@@ -256,7 +288,7 @@ impl Planner {
         let old = self.pod_nodes.get(pod).and_then(|n| {
             let state = self.nodes.get(n)?;
             let i = state.position(pod).ok()?;
-            Some((n, &state.plan.pods[i], state.link_stats.get(pod)))
+            Some((n, &state.plan.pods[i], state.pod_states.get(pod).map(|p| &p.link_stats)))
         });
         match (old, out) {
             (None, None) => true,

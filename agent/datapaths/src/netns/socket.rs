@@ -81,7 +81,7 @@ fn route_socket(netns: NetnsId) -> Result<Socket, SocketError> {
 }
 
 fn set_receive_timeout(socket: &Socket, timeout: std::time::Duration) -> std::io::Result<()> {
-    let value = libc::timeval { tv_sec: timeout.as_secs() as libc::time_t, tv_usec: 0 };
+    let value = libc::timeval { tv_sec: timeout.as_secs() as _, tv_usec: 0 };
     set_socket_option(socket, libc::SO_RCVTIMEO, &value)
 }
 

@@ -221,7 +221,7 @@ impl PollSet {
             p.revents = 0;
         }
         let timeout = timeout_ns.map(|ns| libc::timespec {
-            tv_sec: (ns / 1_000_000_000) as libc::time_t,
+            tv_sec: (ns / 1_000_000_000) as _,
             tv_nsec: (ns % 1_000_000_000) as libc::c_long,
         });
         let timeout_ptr = timeout.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
