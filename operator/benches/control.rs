@@ -31,19 +31,7 @@ const NODE: &str = "node-42";
 
 fn confirmed(plan: &NodePlan, version: u64) -> NodeReport {
     let capabilities = Capabilities { netem: true, htb: true, tbf: true, u32: true, ..Default::default() };
-    let pods = plan
-        .pods
-        .iter()
-        .map(|p| PodResult {
-            uid: p.uid.clone(),
-            namespace: p.namespace.clone(),
-            name: p.name.clone(),
-            outcome: PodOutcome::Applied,
-            mutations: 0,
-            queue_caps: Vec::new(),
-            refused: Vec::new(),
-        })
-        .collect();
+    let pods = plan.pods.iter().map(|p| PodResult::of(p, PodOutcome::Applied)).collect();
     let reply = ApplyReply {
         node: plan.node.clone(),
         version,

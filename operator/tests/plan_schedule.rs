@@ -20,13 +20,11 @@ fn link_ref(name: &str, direction: Direction) -> LinkRef {
 
 #[test]
 fn a_scheduled_links_timelines_reach_the_nodes_of_its_sources() {
-    let mut p = Planner::new();
-    for (name, app, node, ip) in
-        [("c", "client", "n1", "10.0.0.1"), ("s", "server", "n2", "10.0.0.2"), ("w", "worker", "n3", "10.0.0.3")]
-    {
-        let (k, v) = pod("ns", name, app, node, &[ip]);
-        p.upsert_pod(k, v);
-    }
+    let mut p = planner_with(&[
+        ("c", "client", "n1", "10.0.0.1"),
+        ("s", "server", "n2", "10.0.0.2"),
+        ("w", "worker", "n3", "10.0.0.3"),
+    ]);
     let mut flapping = spec("client", "server", 10);
     flapping.symmetric = true;
     flapping.schedule = Some(flap());
@@ -62,13 +60,11 @@ fn a_scheduled_links_timelines_reach_the_nodes_of_its_sources() {
 fn a_changed_schedule_reaches_a_node_that_runs_several_of_its_sources() {
     // Two sources on one node share the node's timeline; a schedule's change must replace it, not keep the
     // first share's copy because the other share still names the link.
-    let mut p = Planner::new();
-    for (name, app, node, ip) in
-        [("c1", "client", "n1", "10.0.0.1"), ("c2", "client", "n1", "10.0.0.4"), ("s", "server", "n2", "10.0.0.2")]
-    {
-        let (k, v) = pod("ns", name, app, node, &[ip]);
-        p.upsert_pod(k, v);
-    }
+    let mut p = planner_with(&[
+        ("c1", "client", "n1", "10.0.0.1"),
+        ("c2", "client", "n1", "10.0.0.4"),
+        ("s", "server", "n2", "10.0.0.2"),
+    ]);
     let mut flapping = spec("client", "server", 10);
     flapping.schedule = Some(flap());
     let (k, v) = link("ns", "wan", 1, flapping.clone());
@@ -108,11 +104,7 @@ fn trace_map(lines_per_second: u64) -> k8s_openapi::api::core::v1::ConfigMap {
 
 #[test]
 fn a_trace_link_is_compiled_from_its_configmap_and_again_when_it_changes() {
-    let mut p = Planner::new();
-    for (name, app, node, ip) in [("c", "client", "n1", "10.0.0.1"), ("s", "server", "n2", "10.0.0.2")] {
-        let (k, v) = pod("ns", name, app, node, &[ip]);
-        p.upsert_pod(k, v);
-    }
+    let mut p = planner_with(&[("c", "client", "n1", "10.0.0.1"), ("s", "server", "n2", "10.0.0.2")]);
     let mut traced = spec("client", "server", 10);
     traced.schedule = Some(serde_yaml::from_str("{trace: {configMap: lte, uplink: up, window: 500ms}}").unwrap());
     let key = isthmus_operator::index::ObjectKey::new("ns", "replay");

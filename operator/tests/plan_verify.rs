@@ -20,13 +20,11 @@ fn id(ns: &str, name: &str) -> LinkId {
 /// Two links on one node, one with verification off: only that one is listed, on every node it has sources.
 #[test]
 fn links_with_verify_off_are_listed_on_their_nodes_only() {
-    let mut p = Planner::new();
-    for (name, app, node, ip) in
-        [("c1", "client", "n1", "10.0.0.1"), ("c2", "client", "n2", "10.0.0.2"), ("w", "worker", "n1", "10.0.0.3")]
-    {
-        let (k, v) = pod("ns", name, app, node, &[ip]);
-        p.upsert_pod(k, v);
-    }
+    let mut p = planner_with(&[
+        ("c1", "client", "n1", "10.0.0.1"),
+        ("c2", "client", "n2", "10.0.0.2"),
+        ("w", "worker", "n1", "10.0.0.3"),
+    ]);
     let (k, v) = pod("ns", "server", "server", "n3", &["10.0.0.9"]);
     p.upsert_pod(k, v);
     let mut quiet = spec("client", "server", 10);

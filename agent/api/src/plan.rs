@@ -186,6 +186,21 @@ pub struct PodResult {
     pub refused: Vec<RefusedDestination>,
 }
 
+impl PodResult {
+    /// The result for `pod` with `outcome`: no netlink changes, no queue capped, nothing refused.
+    pub fn of(pod: &PodPlan, outcome: PodOutcome) -> PodResult {
+        PodResult {
+            uid: pod.uid.clone(),
+            namespace: pod.namespace.clone(),
+            name: pod.name.clone(),
+            outcome,
+            mutations: 0,
+            queue_caps: Vec::new(),
+            refused: Vec::new(),
+        }
+    }
+}
+
 /// A destination of a pod's plan that the agent refused, leaving the pod's traffic to it unimpaired.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use isthmus_operator::api::{FromSpec, ImpairmentSpec, NetworkLink, NetworkLinkSpec, ServiceInclusion, ToSpec};
+use isthmus_operator::api::{ImpairmentSpec, NetworkLink, NetworkLinkSpec};
 use isthmus_operator::index::{Index, LinkInfo, ObjectKey, PodInfo, PodPhase, ServiceInfo};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
 
@@ -35,28 +35,13 @@ pub fn pod(ns: &str, name: &str, app: &str, node: usize, n: u32) -> (ObjectKey, 
 }
 
 pub fn link(ns: &str, name: &str, from: LabelSelector, to: LabelSelector) -> (ObjectKey, LinkInfo) {
-    let spec = NetworkLinkSpec {
-        from: FromSpec { pod_selector: from },
-        to: ToSpec {
-            pod_selector: Some(to),
-            namespace_selector: None,
-            cidrs: vec![],
-            services: ServiceInclusion::Matching,
-        },
-        impairment: Some(ImpairmentSpec {
-            latency: Some("40ms".into()),
-            jitter: Some("2ms".into()),
-            bandwidth: Some("100Mbit".into()),
-            ..Default::default()
-        }),
-        reverse: None,
-        symmetric: false,
-        one_way: false,
-        profile: None,
-        priority: 0,
-        verify: None,
-        schedule: None,
+    let impairment = ImpairmentSpec {
+        latency: Some("40ms".into()),
+        jitter: Some("2ms".into()),
+        bandwidth: Some("100Mbit".into()),
+        ..Default::default()
     };
+    let spec = NetworkLinkSpec::between(from, to, impairment);
     let mut l = NetworkLink::new(name, spec);
     l.metadata.namespace = Some(ns.into());
     l.metadata.creation_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::from_second(1).unwrap()));

@@ -199,6 +199,31 @@ pub struct NetworkLinkSpec {
     pub schedule: Option<ScheduleSpec>,
 }
 
+impl NetworkLinkSpec {
+    /// The plainest link: pods matching `from` send to pods matching `to` (in the link's namespace, Services
+    /// included) with `impairment`, one way, every other field at its default. What programs that build links
+    /// (test suites, benchmarks) start from.
+    pub fn between(from: LabelSelector, to: LabelSelector, impairment: ImpairmentSpec) -> NetworkLinkSpec {
+        NetworkLinkSpec {
+            from: FromSpec { pod_selector: from },
+            to: ToSpec {
+                pod_selector: Some(to),
+                namespace_selector: None,
+                cidrs: Vec::new(),
+                services: ServiceInclusion::Matching,
+            },
+            impairment: Some(impairment),
+            reverse: None,
+            symmetric: false,
+            one_way: false,
+            profile: None,
+            priority: 0,
+            verify: None,
+            schedule: None,
+        }
+    }
+}
+
 /// The sending pods.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]

@@ -112,11 +112,11 @@ impl Planner {
             self.admit_within_total(&mut changed_links);
         }
         let mut changed_nodes: BTreeSet<String> = BTreeSet::new();
+        // The nodes whose lists (unverified, unprobed, timelines) may differ from their pods' shares.
+        let mut annotate: BTreeSet<String> = BTreeSet::new();
         for pod in std::mem::take(&mut self.dirty_pods) {
-            self.recompute_pod(pod, &mut changed_nodes, &mut changed_links);
+            self.recompute_pod(pod, &mut changed_nodes, &mut annotate, &mut changed_links);
         }
-        // A node whose pod left it has a share less; one whose pods' shares changed is listed by `reshare`.
-        let mut annotate: BTreeSet<String> = changed_nodes.clone();
         for pod in std::mem::take(&mut self.dirty_annotations) {
             self.reshare(&pod, &mut annotate);
         }
@@ -224,11 +224,13 @@ impl Planner {
             .filter_map(|k| self.resolutions.get_key_value(k))
     }
 
-    /// Recomputes one source pod's entry and moves it between node plans when its node or content changed.
+    /// Recomputes one source pod's entry and moves it between node plans when its node or content changed; a
+    /// node that takes back a share the pod had is listed in `annotate`.
     fn recompute_pod(
         &mut self,
         pod: ObjectKey,
         changed_nodes: &mut BTreeSet<String>,
+        annotate: &mut BTreeSet<String>,
         changed_links: &mut BTreeSet<ObjectKey>,
     ) {
         let out = compute_pod(&pod, self.admitted_links(&pod), self.limits.per_pod());
@@ -242,7 +244,10 @@ impl Planner {
             }
             if let Some(gone) = state.pod_states.remove(&pod) {
                 changed_links.extend(gone.link_stats.into_keys());
-                state.annotations.remove(&gone.share);
+                if gone.share != PodShare::default() {
+                    state.annotations.remove(&gone.share);
+                    annotate.insert(node.clone());
+                }
             }
             if state.plan.pods.is_empty() {
                 self.nodes.remove(&node);

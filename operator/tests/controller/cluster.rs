@@ -8,7 +8,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use isthmus_agent_api::client::{AgentClient, ClientConfig, TlsFiles};
-use isthmus_operator::api::{FromSpec, ImpairmentSpec, NetworkLink, NetworkLinkSpec, ServiceInclusion, ToSpec};
+use isthmus_operator::api::{ImpairmentSpec, NetworkLink, NetworkLinkSpec};
 use isthmus_operator::controller::agent_api::AgentApi;
 use isthmus_operator::controller::nodes::DispatchConfig;
 use isthmus_operator::controller::version::Backoff;
@@ -183,23 +183,11 @@ pub fn link(name: &str, latency: &str) -> NetworkLink {
     };
     NetworkLink::new(
         name,
-        NetworkLinkSpec {
-            from: FromSpec { pod_selector: sel("client") },
-            to: ToSpec {
-                pod_selector: Some(sel("server")),
-                namespace_selector: None,
-                cidrs: vec![],
-                services: ServiceInclusion::Matching,
-            },
-            impairment: Some(ImpairmentSpec { latency: Some(latency.into()), ..Default::default() }),
-            reverse: None,
-            symmetric: false,
-            one_way: false,
-            profile: None,
-            priority: 0,
-            verify: None,
-            schedule: None,
-        },
+        NetworkLinkSpec::between(
+            sel("client"),
+            sel("server"),
+            ImpairmentSpec { latency: Some(latency.into()), ..Default::default() },
+        ),
     )
 }
 

@@ -143,17 +143,12 @@ impl FakeAgents {
         agent.last_results = plan
             .pods
             .iter()
-            .map(|p| PodResult {
-                uid: p.uid.clone(),
-                namespace: p.namespace.clone(),
-                name: p.name.clone(),
-                outcome: match agent.pod_errors.get(&p.name) {
+            .map(|p| {
+                let outcome = match agent.pod_errors.get(&p.name) {
                     Some(e) => PodOutcome::Failed(e.clone()),
                     None => PodOutcome::Applied,
-                },
-                mutations: 1,
-                queue_caps: Vec::new(),
-                refused: Vec::new(),
+                };
+                PodResult { mutations: 1, ..PodResult::of(p, outcome) }
             })
             .collect();
         Ok(reply(agent, plan.version, false))

@@ -4,8 +4,9 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use isthmus_operator::api::{FromSpec, ImpairmentSpec, NetworkLink, NetworkLinkSpec, ServiceInclusion, ToSpec};
+use isthmus_operator::api::{ImpairmentSpec, NetworkLink, NetworkLinkSpec};
 use isthmus_operator::index::{LinkInfo, ObjectKey, PodInfo, PodPhase, ServiceInfo};
+use isthmus_operator::plan::Planner;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
 
 pub fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
@@ -32,6 +33,16 @@ pub fn pod(ns: &str, name: &str, app: &str, node: &str, ips: &[&str]) -> (Object
     )
 }
 
+/// A planner that knows running pods `(name, app, node, ip)` of namespace `ns`, and nothing else yet.
+pub fn planner_with(pods: &[(&str, &str, &str, &str)]) -> Planner {
+    let mut planner = Planner::new();
+    for (name, app, node, ip) in pods {
+        let (k, v) = pod("ns", name, app, node, &[ip]);
+        planner.upsert_pod(k, v);
+    }
+    planner
+}
+
 pub fn service(ns: &str, name: &str, app: &str, ips: &[&str]) -> (ObjectKey, ServiceInfo) {
     (
         ObjectKey::new(ns, name),
@@ -48,23 +59,7 @@ pub fn latency(ms: u32) -> ImpairmentSpec {
 
 /// A link `from app=<from> → to app=<to>` with a forward latency.
 pub fn spec(from: &str, to: &str, ms: u32) -> NetworkLinkSpec {
-    NetworkLinkSpec {
-        from: FromSpec { pod_selector: selector(&[("app", from)]) },
-        to: ToSpec {
-            pod_selector: Some(selector(&[("app", to)])),
-            namespace_selector: None,
-            cidrs: Vec::new(),
-            services: ServiceInclusion::Matching,
-        },
-        impairment: Some(latency(ms)),
-        reverse: None,
-        symmetric: false,
-        one_way: false,
-        profile: None,
-        priority: 0,
-        verify: None,
-        schedule: None,
-    }
+    NetworkLinkSpec::between(selector(&[("app", from)]), selector(&[("app", to)]), latency(ms))
 }
 
 pub fn link_object(ns: &str, name: &str, created_s: i64, spec: NetworkLinkSpec) -> NetworkLink {

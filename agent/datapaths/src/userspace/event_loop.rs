@@ -6,7 +6,6 @@
 //! the kernel's work for each packet sent, the receiver's included when it sits on the same node (its softirq
 //! runs in the sending thread).
 
-use std::collections::HashMap;
 use std::num::NonZeroUsize;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::mpsc;
@@ -43,6 +42,7 @@ const POOL_BYTES: usize = 1 << 20;
 /// A pod in the loop: its path, and what its earlier pipelines still hold for destinations the current one took
 /// no queue from (`Shell::retune`), sent through the path's socket as those scheduled it.
 pub(super) struct Pod {
+    name: String,
     pub(super) path: PodPath,
     pub(super) draining: Vec<PodPipeline>,
     /// What leaves in this pass: packets for no destination as they arrive, then those due.
@@ -50,8 +50,8 @@ pub(super) struct Pod {
 }
 
 impl Pod {
-    pub(super) fn new(path: PodPath, draining: Vec<PodPipeline>) -> Pod {
-        Pod { path, draining, outgoing: Vec::new() }
+    fn new(name: String, path: PodPath, draining: Vec<PodPipeline>) -> Pod {
+        Pod { name, path, draining, outgoing: Vec::new() }
     }
 
     fn pipelines(&self) -> impl Iterator<Item = &PodPipeline> {
@@ -98,7 +98,8 @@ struct Io {
 pub(super) struct Loop {
     wake: OwnedFd,
     inbox: mpsc::Receiver<Command>,
-    pods: HashMap<String, Pod>,
+    /// In no order: a pod's place changes only with the pods, when the poll set is rebuilt.
+    pods: Vec<Pod>,
     counters: ShellCounters,
     budget: NodeBudget,
     epoch: Instant,
@@ -120,31 +121,35 @@ impl Loop {
             got: Vec::with_capacity(batch.get()),
             buffers: Buffers::new(POOL_BYTES),
         };
-        Loop { wake, inbox, pods: HashMap::new(), counters: ShellCounters::default(), budget, epoch, io }
+        Loop { wake, inbox, pods: Vec::new(), counters: ShellCounters::default(), budget, epoch, io }
     }
 
     fn now(&self) -> u64 {
         clock(self.epoch)
     }
 
+    fn find(&self, name: &str) -> Option<usize> {
+        self.pods.iter().position(|pod| pod.name == name)
+    }
+
     pub(super) fn run(mut self) {
         let mut poll = PollSet::default();
-        // Beside each descriptor after the wake-up pipe's: the pod and the shard it reads.
-        let mut owners: Vec<(String, usize)> = Vec::new();
+        // Beside each descriptor after the wake-up pipe's: the pod's place in `pods` and the shard it reads.
+        let mut owners: Vec<(usize, usize)> = Vec::new();
         let mut first = true;
         loop {
             let Some(changed) = self.read_commands() else { return };
             // The poll set changes only with the pods: rebuilt then, not at every packet.
             if changed || std::mem::take(&mut first) {
                 owners.clear();
-                for (name, pod) in &self.pods {
-                    owners.extend((0..pod.path.rx.len()).map(|shard| (name.clone(), shard)));
+                for (at, pod) in self.pods.iter().enumerate() {
+                    owners.extend((0..pod.path.rx.len()).map(|shard| (at, shard)));
                 }
-                let sockets = owners.iter().map(|(name, shard)| self.pods[name].path.rx[*shard].as_raw_fd());
+                let sockets = owners.iter().map(|&(at, shard)| self.pods[at].path.rx[shard].as_raw_fd());
                 poll.set(std::iter::once(self.wake.as_raw_fd()).chain(sockets));
             }
             let now = self.now();
-            let next = self.pods.values().filter_map(Pod::next_wakeup).min();
+            let next = self.pods.iter().filter_map(Pod::next_wakeup).min();
             if let Err(e) = poll.wait(next.map(|at| at.saturating_sub(now))) {
                 tracing::error!(error = %e, "the userspace datapath's poll failed; the loop ends");
                 return;
@@ -153,15 +158,13 @@ impl Loop {
                 let mut drain = [0u8; 64];
                 while nix::unistd::read(&self.wake, &mut drain).is_ok_and(|n| n > 0) {}
             }
-            for (i, (name, shard)) in owners.iter().enumerate() {
-                if poll.readable(i + 1)
-                    && let Some(pod) = self.pods.get_mut(name)
-                {
-                    receive(pod, *shard, &mut self.io, self.epoch, &mut self.counters, &mut self.budget);
+            for (i, &(at, shard)) in owners.iter().enumerate() {
+                if poll.readable(i + 1) {
+                    receive(&mut self.pods[at], shard, &mut self.io, self.epoch, &mut self.counters, &mut self.budget);
                 }
             }
             let now = self.now();
-            for pod in self.pods.values_mut() {
+            for pod in &mut self.pods {
                 pod.send(now, &mut self.io, &mut self.counters, &mut self.budget);
             }
         }
@@ -174,18 +177,20 @@ impl Loop {
             match self.inbox.try_recv() {
                 Ok(Command::Attach(name, path)) => {
                     let mut draining = Vec::new();
-                    if let Some(old) = self.pods.remove(&name) {
+                    if let Some(at) = self.find(&name) {
+                        let old = self.pods.swap_remove(at);
                         self.counters.capture_overruns += old.path.take_dropped();
                         draining = old.draining;
                         draining.push(old.path.pipeline);
                         draining.retain(|p| p.next_wakeup().is_some());
                     }
-                    self.pods.insert(name, Pod::new(*path, draining));
+                    self.pods.push(Pod::new(name, *path, draining));
                     changed = true;
                 }
                 Ok(Command::Retune(name, pipeline)) => {
                     let now = clock(self.epoch);
-                    if let Some(pod) = self.pods.get_mut(&name) {
+                    if let Some(at) = self.find(&name) {
+                        let pod = &mut self.pods[at];
                         let old = std::mem::replace(&mut pod.path.pipeline, *pipeline);
                         if let Some(rest) = pod.path.pipeline.take_over(old, now) {
                             pod.draining.push(rest);
@@ -193,14 +198,16 @@ impl Loop {
                     }
                 }
                 Ok(Command::Detach(name)) => {
-                    if let Some(old) = self.pods.remove(&name) {
+                    if let Some(at) = self.find(&name) {
+                        let old = self.pods.swap_remove(at);
                         self.budget.release(old.held());
                         self.counters.capture_overruns += old.path.take_dropped();
                         changed = true;
                     }
                 }
                 Ok(Command::Counters(name, reply)) => {
-                    if let Some(pod) = self.pods.get(&name) {
+                    let pod = self.find(&name).map(|at| &self.pods[at]);
+                    if let Some(pod) = pod {
                         self.counters.capture_overruns += pod.path.take_dropped();
                     }
                     let totals = ShellCounters {
@@ -208,7 +215,7 @@ impl Loop {
                         queued_bytes: self.budget.held(),
                         ..self.counters
                     };
-                    let answer = self.pods.get(&name).map(|p| (p.path.pipeline.counters().collect(), totals));
+                    let answer = pod.map(|p| (p.path.pipeline.counters().collect(), totals));
                     let _ = reply.send(answer);
                 }
                 #[cfg(test)]
@@ -245,9 +252,13 @@ fn receive(
         let now = clock(epoch);
         for &i in &io.got {
             let bytes = std::mem::replace(&mut io.slots[i], io.buffers.take());
-            let Some(frame) = Frame::parse(bytes) else {
-                counters.malformed += 1;
-                continue;
+            let frame = match Frame::parse(bytes) {
+                Ok(frame) => frame,
+                Err(bytes) => {
+                    counters.malformed += 1;
+                    io.buffers.give(bytes);
+                    continue;
+                }
             };
             if let Pushed::PassThrough(frame) = pod.path.pipeline.push(frame, now, node) {
                 pod.outgoing.push(frame);

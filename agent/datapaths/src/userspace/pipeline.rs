@@ -32,31 +32,32 @@ pub struct Frame {
 }
 
 impl Frame {
-    /// `None` for anything but a well-formed IPv4 or IPv6 header.
-    pub fn parse(bytes: Vec<u8>) -> Option<Frame> {
-        let (destination, v4_header) = match bytes.first()? >> 4 {
+    /// The bytes given back, for the buffer pool, when they do not start with a well-formed IPv4 or IPv6 header.
+    pub fn parse(bytes: Vec<u8>) -> Result<Frame, Vec<u8>> {
+        match Frame::header(&bytes) {
+            Some((destination, v4_header)) => Ok(Frame { bytes, destination, v4_header, doomed: false }),
+            None => Err(bytes),
+        }
+    }
+
+    /// The destination and the IPv4 header's length (0 for IPv6).
+    fn header(bytes: &[u8]) -> Option<(IpAddr, usize)> {
+        match bytes.first()? >> 4 {
             4 => {
                 let header = usize::from(bytes[0] & 0x0f) * 4;
-                if header < 20 || bytes.len() < header {
-                    return None;
-                }
-                (IpAddr::V4(Ipv4Addr::new(bytes[16], bytes[17], bytes[18], bytes[19])), header)
+                let octets: [u8; 4] = bytes.get(16..20)?.try_into().ok()?;
+                (header >= 20 && bytes.len() >= header).then_some((IpAddr::V4(Ipv4Addr::from(octets)), header))
             }
             6 => {
                 let octets: [u8; 16] = bytes.get(24..40)?.try_into().ok()?;
-                (IpAddr::V6(Ipv6Addr::from(octets)), 0)
+                Some((IpAddr::V6(Ipv6Addr::from(octets)), 0))
             }
-            _ => return None,
-        };
-        Some(Frame { bytes, destination, v4_header, doomed: false })
+            _ => None,
+        }
     }
 
     pub fn bytes(&self) -> &[u8] {
         &self.bytes
-    }
-
-    pub fn destination(&self) -> IpAddr {
-        self.destination
     }
 
     pub fn into_bytes(self) -> Vec<u8> {

@@ -162,15 +162,7 @@ pub(super) fn applied_pod(
     queue_caps: Vec<QueueCap>,
     refused: Vec<RefusedDestination>,
 ) -> PodResult {
-    PodResult {
-        uid: pod.uid.clone(),
-        namespace: pod.namespace.clone(),
-        name: pod.name.clone(),
-        outcome: PodOutcome::Applied,
-        mutations: mutations as u64,
-        queue_caps,
-        refused,
-    }
+    PodResult { mutations: mutations as u64, queue_caps, refused, ..PodResult::of(pod, PodOutcome::Applied) }
 }
 
 fn failed(uid: &str, namespace: &str, name: &str, kind: PodErrorKind, message: String) -> PodResult {

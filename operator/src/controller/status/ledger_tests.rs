@@ -110,14 +110,11 @@ fn report(node: usize, input: &NodeInput) -> Option<NodeReport> {
         .map(|(i, p)| {
             let error = |kind| PodError { kind, message: format!("{} failed", p.name) };
             let first = p.destinations.first().expect("a planned pod has a destination");
+            let outcome = match bit(input.failed, i) {
+                true => PodOutcome::Failed(error(PodErrorKind::KernelUnsupported)),
+                false => PodOutcome::Applied,
+            };
             PodResult {
-                uid: p.uid.clone(),
-                namespace: p.namespace.clone(),
-                name: p.name.clone(),
-                outcome: match bit(input.failed, i) {
-                    true => PodOutcome::Failed(error(PodErrorKind::KernelUnsupported)),
-                    false => PodOutcome::Applied,
-                },
                 mutations: 1,
                 queue_caps: bit(input.capped, i)
                     .then(|| QueueCap {
@@ -136,6 +133,7 @@ fn report(node: usize, input: &NodeInput) -> Option<NodeReport> {
                     })
                     .into_iter()
                     .collect(),
+                ..PodResult::of(p, outcome)
             }
         })
         .collect();
