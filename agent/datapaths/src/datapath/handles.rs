@@ -14,7 +14,7 @@
 //! The kernel allocates automatic qdisc handles from majors 0x8000 upward, so it never lands in these ranges.
 //! The u32 node id (12 bits) is the narrowest field and sets the capacity.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use ipnet::IpNet;
 
@@ -104,35 +104,40 @@ pub fn assign_slots<'a>(
     desired: impl IntoIterator<Item = &'a IpNet>,
     installed: &BTreeMap<IpNet, Slot>,
 ) -> Result<BTreeMap<IpNet, Slot>, SlotsExhausted> {
-    let desired: BTreeSet<IpNet> = desired.into_iter().copied().collect();
+    let mut desired: Vec<IpNet> = desired.into_iter().copied().collect();
+    desired.sort_unstable();
+    desired.dedup();
     if desired.len() > MAX_DESTINATIONS {
         return Err(SlotsExhausted { requested: desired.len() });
     }
-    let mut assigned = BTreeMap::new();
-    let mut taken = BTreeSet::new();
-    for dst in &desired {
-        if let Some(&slot) = installed.get(dst)
-            && taken.insert(slot)
-        {
-            assigned.insert(*dst, slot);
-        }
+    // Slots as flags, which an update at a thousand destinations reads and writes a few thousand times.
+    let mut held = vec![false; MAX_DESTINATIONS];
+    for slot in installed.values() {
+        held[slot.index()] = true;
     }
-    let held_by_installed: BTreeSet<Slot> = installed.values().copied().collect();
-    let mut fresh =
-        (0..MAX_DESTINATIONS).filter_map(Slot::new).filter(|s| !held_by_installed.contains(s) && !taken.contains(s));
-    let mut vacated = held_by_installed.iter().copied().filter(|s| !taken.contains(s)).collect::<Vec<_>>().into_iter();
-    for dst in &desired {
-        if assigned.contains_key(dst) {
-            continue;
-        }
-        let slot = fresh.next().or_else(|| vacated.next()).ok_or(SlotsExhausted { requested: desired.len() })?;
-        assigned.insert(*dst, slot);
+    // An installed destination keeps its slot, the first in order if two claim one; both lists are sorted.
+    let mut taken = vec![false; MAX_DESTINATIONS];
+    let mut before = installed.iter().peekable();
+    let mut slots: Vec<Option<Slot>> = desired
+        .iter()
+        .map(|dst| {
+            while before.next_if(|(d, _)| *d < dst).is_some() {}
+            let (_, &slot) = before.next_if(|(d, _)| *d == dst)?;
+            (!std::mem::replace(&mut taken[slot.index()], true)).then_some(slot)
+        })
+        .collect();
+    let mut fresh = (0..MAX_DESTINATIONS).filter(|&i| !held[i] && !taken[i]).filter_map(Slot::new);
+    let mut vacated = (0..MAX_DESTINATIONS).filter(|&i| held[i] && !taken[i]).filter_map(Slot::new);
+    for slot in slots.iter_mut().filter(|s| s.is_none()) {
+        *slot = Some(fresh.next().or_else(|| vacated.next()).ok_or(SlotsExhausted { requested: desired.len() })?);
     }
-    Ok(assigned)
+    Ok(desired.into_iter().zip(slots.into_iter().flatten()).collect())
 }
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
     use super::*;
 
     fn net(s: &str) -> IpNet {
@@ -189,5 +194,44 @@ mod tests {
         assert_eq!(slots[&net("192.0.2.1/32")], installed[&gone]);
         desired.push(gone);
         assert_eq!(assign_slots(&desired, &installed).unwrap_err().requested, MAX_DESTINATIONS + 1);
+    }
+
+    /// The rules stated plainly, over sets: what `assign_slots` computes with flags and a merge.
+    fn reference(desired: &[IpNet], installed: &BTreeMap<IpNet, Slot>) -> BTreeMap<IpNet, Slot> {
+        let desired: BTreeSet<IpNet> = desired.iter().copied().collect();
+        let mut assigned = BTreeMap::new();
+        let mut taken = BTreeSet::new();
+        for dst in &desired {
+            if let Some(&slot) = installed.get(dst)
+                && taken.insert(slot)
+            {
+                assigned.insert(*dst, slot);
+            }
+        }
+        let held: BTreeSet<Slot> = installed.values().copied().collect();
+        let mut fresh = (0..MAX_DESTINATIONS).filter_map(Slot::new).filter(|s| !held.contains(s) && !taken.contains(s));
+        let mut vacated = held.iter().copied().filter(|s| !taken.contains(s));
+        for dst in &desired {
+            if !assigned.contains_key(dst) {
+                assigned.insert(*dst, fresh.next().or_else(|| vacated.next()).unwrap());
+            }
+        }
+        assigned
+    }
+
+    proptest::proptest! {
+        /// Destinations from a small pool, installed ones on a few slots (two may claim one, as a damaged dump
+        /// could say), repeated desired ones: the same slots as the rules say.
+        #[test]
+        fn assigns_what_the_rules_say(
+            desired in proptest::collection::vec(0u8..48, 0..40),
+            installed in proptest::collection::btree_map(0u8..48, 0usize..24, 0..30),
+        ) {
+            let net = |i: u8| IpNet::from(std::net::IpAddr::from([10, 0, 0, i]));
+            let desired: Vec<IpNet> = desired.into_iter().map(net).collect();
+            let installed: BTreeMap<IpNet, Slot> =
+                installed.into_iter().map(|(d, s)| (net(d), Slot::new(s).unwrap())).collect();
+            proptest::prop_assert_eq!(assign_slots(&desired, &installed).unwrap(), reference(&desired, &installed));
+        }
     }
 }
