@@ -59,6 +59,7 @@ async fn main() {
     });
     let client = certs.operator();
     let (rss_idle, _) = agent.rss_kib();
+    let split_idle = agent.rss_split_kib();
 
     let phases = [
         "apply (empty node)",
@@ -115,7 +116,7 @@ async fn main() {
         phase_peaks[3] = phase_peaks[3].max(agent.rss_kib().1);
         phase_after[3] = phase_after[3].max(agent.rss_kib().0);
         assert_eq!(observed.pods.iter().map(|p| p.destinations.len()).sum::<usize>(), PODS * DESTINATIONS);
-        rss_after.push(agent.rss_kib());
+        rss_after.push((agent.rss_kib().0, agent.rss_split_kib()));
         version += 1;
         let (t, _) = timed_apply(NodePlan { node: NODE.into(), version, pods: vec![], ..Default::default() }).await;
         times[4].push(t);
@@ -134,14 +135,17 @@ async fn main() {
         let (m, lo, hi) = (t.median(), t.min(), t.max());
         println!("| {phase} | {m:.3} | {lo:.3} | {hi:.3} |");
     }
-    let max_rss = rss_after.iter().map(|r| r.0).max().unwrap_or(0);
-    println!("\n| agent memory | MiB |\n|---|---|");
-    println!("| resident after start (adoption, no plan) | {:.1} |", rss_idle as f64 / 1024.0);
+    let (max_rss, split_max) = rss_after.iter().copied().max_by_key(|r| r.0).unwrap_or_default();
+    let mib = |kib: u64| kib as f64 / 1024.0;
+    let split = |(anon, file): (u64, u64)| format!("{:.1} / {:.1}", mib(anon), mib(file));
+    println!("\n| agent memory | MiB | anonymous / mapped from files (MiB) |\n|---|---|---|");
+    println!("| resident after start (adoption, no plan) | {:.1} | {} |", mib(rss_idle), split(split_idle));
     println!(
-        "| resident with 10,000 links installed, after observe (max over rounds) | {:.1} |",
-        max_rss as f64 / 1024.0
+        "| resident with 10,000 links installed, after observe (max over rounds) | {:.1} | {} |",
+        mib(max_rss),
+        split(split_max)
     );
-    println!("| resident at the end | {:.1} |", rss_end as f64 / 1024.0);
+    println!("| resident at the end | {:.1} | {} |", mib(rss_end), split(agent.rss_split_kib()));
     println!("\n| phase | peak resident during it (VmHWM, MiB) | resident right after it (MiB) |\n|---|---|---|");
     for ((phase, peak), after) in phases.iter().zip(&phase_peaks).zip(&phase_after) {
         println!("| {phase} | {:.1} | {:.1} |", *peak as f64 / 1024.0, *after as f64 / 1024.0);

@@ -81,6 +81,15 @@ struct Record {
     objects: Vec<TcObject>,
 }
 
+impl Record {
+    /// Held for as long as the pod is: without the spare capacity that collecting and adding left (up to as
+    /// much again), which across a node's pods is megabytes.
+    fn new(ifindex: u32, mut objects: Vec<TcObject>) -> Record {
+        objects.shrink_to_fit();
+        Record { ifindex, objects }
+    }
+}
+
 /// What one reconcile sent.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ReconcileReport {
@@ -182,7 +191,7 @@ impl Datapath {
         match self.send(&place, ifindex, operations).await {
             Ok(()) => {
                 if let Some(objects) = next {
-                    records.insert(interface.to_owned(), Record { ifindex, objects });
+                    records.insert(interface.to_owned(), Record::new(ifindex, objects));
                 }
                 debug!(netns = %self.netns.id(), interface, ?report, "updated from the record");
                 Ok(report)
@@ -218,7 +227,7 @@ impl Datapath {
         let next = diff::after(ours, &operations);
         self.send(&place, ifindex, operations).await?;
         if let Some(objects) = next {
-            records.insert(interface.to_owned(), Record { ifindex, objects });
+            records.insert(interface.to_owned(), Record::new(ifindex, objects));
         }
         debug!(netns = %self.netns.id(), interface, ?report, "reconciled");
         Ok(report)
