@@ -120,6 +120,27 @@ fn a_pods_links_are_admitted_in_rank_order_within_the_per_pod_limit() {
 /// A link asking for more pairs than the per-link limit is refused whole (`TooManyPairs`); links are admitted in
 /// rank order while all their pairs fit the total, one that does not fit is refused whole until there is room,
 /// and a higher-priority link takes its room first.
+/// A symmetric link among one app's three pods claims each of a pod's two peers twice (forward as a `from` pod,
+/// reverse as a `to` pod): the per-pod limit counts each peer once, so a limit of three admits the link.
+#[test]
+fn a_destination_claimed_by_both_sides_of_a_link_counts_once_against_the_per_pod_limit() {
+    let mut p = Planner::with_limits(PlanLimits::new(3, 3).unwrap());
+    for (name, node, ip) in [("a", "n1", "10.0.0.1"), ("b", "n1", "10.0.0.2"), ("c", "n2", "10.0.0.3")] {
+        let (k, v) = pod("ns", name, "peer", node, &[ip]);
+        p.upsert_pod(k, v);
+    }
+    let mut mesh = spec("peer", "peer", 10);
+    mesh.symmetric = true;
+    let (key, v) = link("ns", "mesh", 1, mesh);
+    p.upsert_link(key.clone(), v);
+    p.recompute();
+
+    let facts = p.link_facts(&key).unwrap();
+    assert_eq!(facts.refusal, None);
+    assert_eq!(destinations(&p, "n1", "a"), ["10.0.0.2/32 mesh", "10.0.0.3/32 mesh"]);
+    assert_eq!(facts.pairs, 6, "each pod to its two peers");
+}
+
 #[test]
 fn pairs_are_capped_per_link_and_in_total_in_rank_order() {
     let limits = PlanLimits::new(8, 8).unwrap().with_pairs(6, 10).unwrap();

@@ -65,14 +65,26 @@ pub fn compute_pod<'a>(
         return None;
     }
     let mut destinations = Vec::with_capacity(dests.len());
+    // Pairs won, per link: a pod has a few links and a hundred or more pairs, so they are tallied here, by the
+    // key's address (two tallies of one link add up the same), and added to the link's counts once.
+    let mut won: Vec<(&ObjectKey, u32)> = Vec::new();
     for (dest, (first, others)) in dests {
         let winner = others.iter().fold(&first, |best, c| if c.beats(best) { c } else { best });
-        count_pair(&mut link_stats, winner.link, &first, &others);
+        match won.iter_mut().find(|(link, _)| std::ptr::eq(*link, winner.link)) {
+            Some((_, pairs)) => *pairs += 1,
+            None => won.push((winner.link, 1)),
+        }
+        if !others.is_empty() {
+            count_overlaps(&mut link_stats, winner.link, &first, &others);
+        }
         destinations.push(DestinationPlan {
             destination: dest,
             impairment: winner.impairment.clone(),
             link: winner.link_ref.clone(),
         });
+    }
+    for (link, pairs) in won {
+        link_stats_of(&mut link_stats, link).pairs += pairs;
     }
     Some(PodOutput {
         node: source.node.clone(),
@@ -118,8 +130,15 @@ pub(super) fn candidates<'a>(
                 ));
             }
         }
-        let added: BTreeSet<&IpNet> = claims.iter().map(|(d, _)| d).filter(|d| !dests.contains_key(*d)).collect();
-        let total = dests.len() + added.len();
+        // In destination order, each destination's claims in the order seen (the sort is stable): the new
+        // destinations are counted without a set per link.
+        claims.sort_by_key(|(dest, _)| *dest);
+        let added = claims
+            .iter()
+            .enumerate()
+            .filter(|&(i, (dest, _))| (i == 0 || claims[i - 1].0 != *dest) && !dests.contains_key(dest))
+            .count();
+        let total = dests.len() + added;
         if total > per_pod as usize {
             let refusal = Refusal::PodDestinations { destinations: total as u32, limit: per_pod };
             stats.entry(link.clone()).or_default().refused = Some(refusal);
@@ -137,21 +156,25 @@ pub(super) fn candidates<'a>(
     (source, dests)
 }
 
-/// Counts one pair for its winner, and the overlap between the winner and each link that lost it.
-fn count_pair(
+/// Counts the overlap between a pair's winner and each link that lost the pair to it.
+fn count_overlaps(
     stats: &mut BTreeMap<ObjectKey, LinkStats>,
     winner: &ObjectKey,
     first: &Candidate<'_>,
     others: &[Candidate<'_>],
 ) {
-    stats.entry(winner.clone()).or_default().pairs += 1;
-    if others.is_empty() {
-        return;
-    }
     let losers: BTreeSet<&ObjectKey> =
         std::iter::once(first).chain(others.iter()).map(|c| c.link).filter(|l| *l != winner).collect();
     for loser in losers {
-        stats.entry(winner.clone()).or_default().overlaps.entry(loser.clone()).or_default().0 += 1;
-        stats.entry(loser.clone()).or_default().overlaps.entry(winner.clone()).or_default().1 += 1;
+        link_stats_of(stats, winner).overlaps.entry(loser.clone()).or_default().0 += 1;
+        link_stats_of(stats, loser).overlaps.entry(winner.clone()).or_default().1 += 1;
     }
+}
+
+/// The link's counts, made when it has none yet; its key (two strings) is cloned only then.
+fn link_stats_of<'s>(stats: &'s mut BTreeMap<ObjectKey, LinkStats>, link: &ObjectKey) -> &'s mut LinkStats {
+    if !stats.contains_key(link) {
+        stats.insert(link.clone(), LinkStats::default());
+    }
+    stats.get_mut(link).expect("inserted above")
 }
