@@ -13,6 +13,7 @@ pub mod measure;
 #[cfg(feature = "metrics-auth")]
 pub mod metrics_auth;
 pub mod plan;
+pub mod reply;
 pub mod schedule;
 #[cfg(feature = "test-util")]
 pub mod test_util;
@@ -24,6 +25,7 @@ pub use impairment::{
     Reorder,
 };
 pub use plan::*;
+pub use reply::*;
 
 /// The wall clock in Unix milliseconds: the unit of the timelines (`schedule`) and of the measurements' windows,
 /// read the same way by the operator, the agent and the tools.

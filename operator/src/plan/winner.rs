@@ -141,7 +141,7 @@ pub(super) fn candidates<'a>(
         let total = dests.len() + added;
         if total > per_pod as usize {
             let refusal = Refusal::PodDestinations { destinations: total as u32, limit: per_pod };
-            stats.entry(link.clone()).or_default().refused = Some(refusal);
+            link_stats_of(stats, link).refused = Some(refusal);
             continue;
         }
         for (dest, cand) in claims {
