@@ -142,6 +142,10 @@ fidelity: ## the netem scenarios FIDELITY_RUNS times each (default 3) on the vm 
 e2e-kind: ## make e2e through kind (cluster isthmus-kind); where no Docker answers, the project's own daemon and a node image assembled here (e2e/cluster/README.md#kind); not part of make test
 	ISTHMUS_CLUSTER_PROVIDER=kind ISTHMUS_CLUSTER_NAME=$${ISTHMUS_CLUSTER_NAME:-isthmus-kind} e2e/suite/run
 
+.PHONY: bench-scale
+bench-scale: ## issue 32: apply → every pair Ready at 1,000 pods on 50 nodes, 10,000 pairs, against a real API server and the real operator process (agents: a harness serving their real API; pods and nodes: API objects, no kubelet); p50/p99 and the operator's CPU and memory (docs/benchmarks.md); ARGS="--nodes 3 --pods 12 --group 3" for another shape
+	e2e/scale/run $(ARGS)
+
 .PHONY: bench-cluster
 bench-cluster: ## issue 7 benchmark on a real 2-node cluster, 20 pods: apply → Ready and replacement pod Ready → impaired (table; docs/benchmarks.md); BENCH_DATAPATH=tc (default) or userspace
 	ISTHMUS_E2E_BENCH=1 BENCH_DATAPATH=$(or $(BENCH_DATAPATH),tc) e2e/suite/run
