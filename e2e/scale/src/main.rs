@@ -30,6 +30,7 @@ use futures::{StreamExt, TryStreamExt};
 use isthmus_agent::auth::{Callers, Identity};
 use isthmus_agent::ca_bundle::{TrustedBundle, bundle_of};
 use isthmus_operator::api::NetworkLink;
+use isthmus_operator::controller::status::READY;
 use isthmus_test_kit::stats::Sorted;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::runtime::watcher;
@@ -96,7 +97,7 @@ async fn until<T>(what: &str, timeout: Duration, mut f: impl AsyncFnMut() -> Opt
 
 fn seen(link: &NetworkLink) -> Option<Seen> {
     let status = link.status.as_ref()?;
-    let ready = status.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True");
+    let ready = status.conditions.iter().any(|c| c.type_ == READY && c.status == "True");
     Some(Seen { pairs: status.pairs, pairs_applied: status.pairs_applied, ready })
 }
 

@@ -19,7 +19,7 @@ use crate::shape::Shape;
 /// API calls in flight at once while the world is made.
 const CONCURRENT_CALLS: usize = 16;
 /// The label the agent pods carry (the operator's default agent selector).
-pub const AGENT_LABEL: (&str, &str) = ("app.kubernetes.io/name", "isthmus-agent");
+const AGENT_LABEL: (&str, &str) = ("app.kubernetes.io/name", "isthmus-agent");
 /// Never pulled: no kubelet runs.
 const AGENT_IMAGE: &str = "isthmus-agent:harness";
 /// The label that puts a pod in its group.
@@ -42,10 +42,9 @@ pub struct AgentPod {
     pub uid: String,
 }
 
-fn meta(name: &str, namespace: Option<&str>, labels: &[(&str, &str)]) -> ObjectMeta {
+fn meta(name: &str, labels: &[(&str, &str)]) -> ObjectMeta {
     ObjectMeta {
         name: Some(name.to_owned()),
-        namespace: namespace.map(str::to_owned),
         labels: Some(labels.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()),
         ..Default::default()
     }
@@ -67,11 +66,12 @@ async fn run_pod(api: &Api<Pod>, name: &str, ip: std::net::Ipv4Addr) -> kube::Re
     api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status)).await
 }
 
-fn pod(meta: ObjectMeta, node: String, service_account: Option<String>, image: &str) -> Pod {
+/// A pod bound to `node` (none: a DaemonSet's template).
+fn pod(meta: ObjectMeta, node: Option<String>, service_account: Option<String>, image: &str) -> Pod {
     Pod {
         metadata: meta,
         spec: Some(PodSpec {
-            node_name: Some(node),
+            node_name: node,
             service_account_name: service_account,
             containers: vec![Container { name: "main".into(), image: Some(image.into()), ..Default::default() }],
             // The node lifecycle controller taints nodes whose kubelet never reports (none does here) and would
@@ -89,7 +89,7 @@ pub async fn nodes_and_agents(client: &Client, places: &Places, shape: &Shape) -
     let namespaces: Api<Namespace> = Api::all(client.clone());
     for ns in [&places.namespace, &places.agent_namespace] {
         match namespaces
-            .create(&PostParams::default(), &Namespace { metadata: meta(ns, None, &[]), ..Default::default() })
+            .create(&PostParams::default(), &Namespace { metadata: meta(ns, &[]), ..Default::default() })
             .await
         {
             Ok(_) => {}
@@ -105,13 +105,16 @@ pub async fn nodes_and_agents(client: &Client, places: &Places, shape: &Shape) -
             let (nodes, pods, owner) = (nodes.clone(), pods.clone(), daemonset.clone());
             let account = places.agent_service_account.clone();
             async move {
-                let node = Node { metadata: meta(&Shape::node_name(n), None, &[]), ..Default::default() };
+                let node = Node { metadata: meta(&Shape::node_name(n), &[]), ..Default::default() };
                 nodes.create(&PostParams::default(), &node).await?;
                 let name = Shape::agent_pod_name(n);
-                let mut metadata = meta(&name, None, &[AGENT_LABEL]);
+                let mut metadata = meta(&name, &[AGENT_LABEL]);
                 metadata.owner_references = Some(vec![owner]);
                 let made = pods
-                    .create(&PostParams::default(), &pod(metadata, Shape::node_name(n), Some(account), AGENT_IMAGE))
+                    .create(
+                        &PostParams::default(),
+                        &pod(metadata, Some(Shape::node_name(n)), Some(account), AGENT_IMAGE),
+                    )
                     .await?;
                 run_pod(&pods, &name, Shape::agent_ip(n)).await?;
                 Ok(AgentPod { node: n, name, uid: made.uid().unwrap_or_default() })
@@ -127,15 +130,14 @@ pub async fn nodes_and_agents(client: &Client, places: &Places, shape: &Shape) -
 async fn agent_daemonset(client: &Client, places: &Places) -> kube::Result<OwnerReference> {
     let api: Api<DaemonSet> = Api::namespaced(client.clone(), &places.agent_namespace);
     let labels = BTreeMap::from([(AGENT_LABEL.0.to_owned(), AGENT_LABEL.1.to_owned())]);
-    let template =
-        pod(meta("", None, &[AGENT_LABEL]), String::new(), Some(places.agent_service_account.clone()), AGENT_IMAGE);
+    let template = pod(meta("", &[AGENT_LABEL]), None, Some(places.agent_service_account.clone()), AGENT_IMAGE);
     let daemonset = DaemonSet {
-        metadata: meta("isthmus-agent", None, &[AGENT_LABEL]),
+        metadata: meta("isthmus-agent", &[AGENT_LABEL]),
         spec: Some(DaemonSetSpec {
             selector: LabelSelector { match_labels: Some(labels), match_expressions: None },
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta { labels: template.metadata.labels, ..Default::default() }),
-                spec: template.spec.map(|s| PodSpec { node_name: None, ..s }),
+                spec: template.spec,
             },
             ..Default::default()
         }),
@@ -162,8 +164,8 @@ pub async fn pods(client: &Client, places: &Places, shape: &Shape) -> kube::Resu
                 let name = Shape::pod_name(i);
                 let group = shape.group_of_pod(i);
                 let made = pod(
-                    meta(&name, None, &[(GROUP_LABEL, &group)]),
-                    Shape::node_name(shape.node_of_pod(i)),
+                    meta(&name, &[(GROUP_LABEL, &group)]),
+                    Some(Shape::node_name(shape.node_of_pod(i))),
                     None,
                     "app:harness",
                 );
