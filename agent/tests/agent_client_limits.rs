@@ -74,12 +74,7 @@ fn client(certs: &TestCerts, request_timeout: Duration) -> AgentClient {
 /// This process's peak resident memory (VmHWM), in bytes.
 fn peak_rss() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap();
-    kib * 1024
+    isthmus_test_kit::proc::status_kib(&status, "VmHWM").unwrap() * 1024
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -225,9 +225,7 @@ fn memory(index: &Index) -> (usize, usize) {
 }
 
 fn peak_rss_kib() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
+    isthmus_test_kit::proc::status_kib(&std::fs::read_to_string("/proc/self/status").ok()?, "VmHWM")
 }
 
 fn mib(bytes: usize) -> f64 {

@@ -7,8 +7,10 @@
 //!   an even count is the lower of the two middle samples. Every table of medians and percentiles in the
 //!   repository uses it, and it is the rank the agent's `RttHistogram::quantile` picks;
 //! - [`bursts`]: loss bursts, the runs of consecutive lost sequence numbers;
-//! - [`netns`]: throwaway network namespaces joined by a veth pair, built with iproute2 and removed on drop.
+//! - [`netns`]: throwaway network namespaces joined by a veth pair, built with iproute2 and removed on drop;
+//! - [`proc`]: a process's memory from `/proc/<pid>/status`.
 
 pub mod bursts;
 pub mod netns;
+pub mod proc;
 pub mod stats;

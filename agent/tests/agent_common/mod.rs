@@ -450,28 +450,21 @@ impl Agent {
 
     /// Resident memory of the agent process in KiB (VmRSS) and its peak (VmHWM).
     pub fn rss_kib(&self) -> (u64, u64) {
-        let [rss, peak] = self.status_kib(["VmRSS:", "VmHWM:"]);
+        let [rss, peak] = self.status_kib(["VmRSS", "VmHWM"]);
         (rss, peak)
     }
 
     /// The resident size in its two parts: anonymous (the heap, the stacks) and mapped from files (the
     /// binary's code and the libraries' that ran, which no allocation changes).
     pub fn rss_split_kib(&self) -> (u64, u64) {
-        let [anon, file] = self.status_kib(["RssAnon:", "RssFile:"]);
+        let [anon, file] = self.status_kib(["RssAnon", "RssFile"]);
         (anon, file)
     }
 
     /// Fields of one reading of `/proc/<pid>/status`, in KiB (0 when absent).
     fn status_kib<const N: usize>(&self, names: [&str; N]) -> [u64; N] {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
-        names.map(|name| {
-            status
-                .lines()
-                .find(|l| l.starts_with(name))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0)
-        })
+        names.map(|name| isthmus_test_kit::proc::status_kib(&status, name).unwrap_or(0))
     }
 
     /// Resets the agent's VmHWM to its current resident size (`clear_refs` value 5), so that the next reading

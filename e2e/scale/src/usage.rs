@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use isthmus_test_kit::proc::status_kib;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Usage {
     /// User and system time since the process started.
@@ -45,11 +47,6 @@ fn cpu_ticks(stat: &str) -> Option<u64> {
     Some(fields.next()?.parse::<u64>().ok()? + fields.next()?.parse::<u64>().ok()?)
 }
 
-fn status_kib(status: &str, field: &str) -> Option<u64> {
-    let line = status.lines().find(|l| l.split(':').next() == Some(field))?;
-    line.split_whitespace().nth(1)?.parse().ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -59,13 +56,6 @@ mod tests {
         let stat = "4242 (isthmus (op) x) S 1 4242 4242 0 -1 4194560 1000 0 0 0 170 35 0 0 20 0 6 0 100 1 2";
         assert_eq!(cpu_ticks(stat), Some(205));
         assert_eq!(cpu_ticks("4242 (cut"), None);
-    }
-
-    #[test]
-    fn memory_is_read_from_the_named_line_only() {
-        let status = "Name:\tisthmus-operator\nVmHWM:\t   40960 kB\nVmRSS:\t   30720 kB\nRssAnon:\t 20000 kB\n";
-        assert_eq!((status_kib(status, "VmRSS"), status_kib(status, "VmHWM")), (Some(30720), Some(40960)));
-        assert_eq!(status_kib(status, "Vm"), None);
     }
 
     #[test]

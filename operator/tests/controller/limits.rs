@@ -31,8 +31,7 @@ fn chart_memory_limit() -> u64 {
 /// The peak resident memory of a process (`VmHWM`), in bytes.
 fn peak_memory(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("the operator is running");
-    let line = status.lines().find(|l| l.starts_with("VmHWM:")).expect("VmHWM");
-    line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+    isthmus_test_kit::proc::status_kib(&status, "VmHWM").expect("VmHWM") * 1024
 }
 
 /// The operator binary, leading at once, finding the test's agent by its label.
