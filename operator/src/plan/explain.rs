@@ -84,11 +84,8 @@ impl Planner {
         let mut stats = BTreeMap::new();
         let (source, contest) = candidates(pod, self.admitted_links(pod), self.limits.per_pod(), &mut stats);
         let source = source.ok_or_else(|| ExplainError::NotASource(pod.clone()))?;
-        let mut entries: Vec<EntryContest> = contest
-            .into_iter()
-            .filter(|(dest, _)| dest.contains(&destination))
-            .map(|(dest, (first, others))| entry(dest, first, others))
-            .collect();
+        let mut entries: Vec<EntryContest> =
+            contest.entries().filter(|run| run[0].0.contains(&destination)).map(entry).collect();
         if entries.is_empty() {
             return Err(ExplainError::NotCovered { pod: pod.clone(), destination });
         }
@@ -98,8 +95,10 @@ impl Planner {
     }
 }
 
-fn entry(destination: IpNet, first: Candidate<'_>, others: Vec<Candidate<'_>>) -> EntryContest {
-    let mut all: Vec<Candidate<'_>> = std::iter::once(first).chain(others).collect();
+/// One destination's claims, as `Contest::entries` gives them.
+fn entry(run: &[(IpNet, Candidate<'_>)]) -> EntryContest {
+    let destination = run[0].0;
+    let mut all: Vec<Candidate<'_>> = run.iter().map(|(_, c)| *c).collect();
     // `beats` is the planner's order; sorting by it puts the winner `compute_pod` picks first.
     all.sort_by(|a, b| {
         if a.beats(b) {

@@ -30,9 +30,13 @@ pub(super) struct PodState {
 
 impl NodeState {
     fn position(&self, pod: &ObjectKey) -> Result<usize, usize> {
-        self.plan.pods.binary_search_by(|p| {
-            (p.namespace.as_str(), p.name.as_str()).cmp(&(pod.namespace.as_str(), pod.name.as_str()))
-        })
+        let key =
+            |p: &PodPlan| (p.namespace.as_str(), p.name.as_str()).cmp(&(pod.namespace.as_str(), pod.name.as_str()));
+        // A full computation adds each node's pods in order: the place of the next is the end.
+        match self.plan.pods.last().map(key) {
+            Some(std::cmp::Ordering::Less) => Err(self.plan.pods.len()),
+            _ => self.plan.pods.binary_search_by(key),
+        }
     }
 }
 
@@ -66,8 +70,8 @@ pub struct Planner {
     pub(super) dirty_pods: BTreeSet<ObjectKey>,
     /// Since the last recompute: see [`Changes::selection`].
     pub(super) selection_changed: bool,
-    /// Pods whose share of their node's `unverified`/`unprobed`/`timelines` may differ: their entry changed, or
-    /// they are a source of a link whose resolution or admission changed.
+    /// Pods whose share of their node's `unverified`/`unprobed`/`timelines` may differ: they are a source of a
+    /// link whose resolution or admission changed (a pod whose entry changes gets its share with the entry).
     pub(super) dirty_annotations: BTreeSet<ObjectKey>,
     /// The links whose schedule replays a trace, as last applied: compiled again when their ConfigMap changes.
     pub(super) trace_links: BTreeMap<ObjectKey, std::sync::Arc<crate::api::NetworkLink>>,
@@ -255,18 +259,32 @@ impl Planner {
             changed_nodes.insert(node);
         }
         if let Some(out) = out {
-            changed_links.extend(out.link_stats.keys().cloned());
-            let state = self.nodes.entry(out.node.clone()).or_insert_with(|| NodeState {
-                plan: NodePlan { node: out.node.clone(), ..NodePlan::default() },
-                ..NodeState::default()
-            });
+            // Most pods share their links with many others: a key is cloned only when first listed.
+            for link in out.link_stats.keys() {
+                if !changed_links.contains(link) {
+                    changed_links.insert(link.clone());
+                }
+            }
+            // Its share, taken back with the old entry above, is added here, under the batch's resolutions; `reshare`
+            // need not come back to it.
+            let share = PodShare::of(&out.plan, &self.resolutions);
+            self.dirty_annotations.remove(&pod);
+            if !self.nodes.contains_key(&out.node) {
+                let plan = NodePlan { node: out.node.clone(), ..NodePlan::default() };
+                self.nodes.insert(out.node.clone(), NodeState { plan, ..NodeState::default() });
+            }
+            let state = self.nodes.get_mut(&out.node).expect("inserted above");
             match state.position(&pod) {
                 Ok(i) => state.plan.pods[i] = out.plan,
                 Err(i) => state.plan.pods.insert(i, out.plan),
             }
-            // Its share is added by `reshare`: the entry left its node above, share and all.
-            state.pod_states.insert(pod.clone(), PodState { link_stats: out.link_stats, share: PodShare::default() });
-            self.dirty_annotations.insert(pod.clone());
+            if share != PodShare::default() {
+                state.annotations.add(&share);
+                if !annotate.contains(&out.node) {
+                    annotate.insert(out.node.clone());
+                }
+            }
+            state.pod_states.insert(pod.clone(), PodState { link_stats: out.link_stats, share });
             self.pod_nodes.insert(pod, out.node.clone());
             changed_nodes.insert(out.node);
         }

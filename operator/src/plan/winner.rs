@@ -3,7 +3,6 @@
 //! counts the pairs it won and lost. Before the contest, the pod's links are admitted in the same rank order
 //! while the pod's destinations stay within the per-pod limit (limits.rs).
 
-use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -33,6 +32,7 @@ pub struct PodOutput {
     pub link_stats: BTreeMap<ObjectKey, LinkStats>,
 }
 
+#[derive(Clone, Copy)]
 pub(super) struct Candidate<'a> {
     pub(super) link: &'a ObjectKey,
     pub(super) rank: &'a Rank,
@@ -46,8 +46,23 @@ impl Candidate<'_> {
     }
 }
 
-/// Per destination: the first candidate seen and the others.
-pub(super) type Contest<'a> = BTreeMap<IpNet, (Candidate<'a>, Vec<Candidate<'a>>)>;
+/// Every admitted claim on the pod's destinations, sorted by destination; one destination's claims in the order
+/// seen (the links in rank order, forward before reverse within one). A sorted vector rather than a map: a pod
+/// has a hundred or more destinations and usually one link, whose sides' destinations are sorted already.
+pub(super) struct Contest<'a> {
+    claims: Vec<(IpNet, Candidate<'a>)>,
+}
+
+impl<'a> Contest<'a> {
+    /// Each destination's claims, the first seen first; never an empty run.
+    pub(super) fn entries(&self) -> impl Iterator<Item = &[(IpNet, Candidate<'a>)]> {
+        self.claims.chunk_by(|a, b| a.0 == b.0)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.claims.is_empty()
+    }
+}
 
 /// Computes one source pod's plan from the resolutions of the links that list it as a source, with at most
 /// `per_pod` destinations; `None` when it has no destination.
@@ -57,28 +72,29 @@ pub fn compute_pod<'a>(
     per_pod: u32,
 ) -> Option<PodOutput> {
     let mut link_stats: BTreeMap<ObjectKey, LinkStats> = BTreeMap::new();
-    let (source, dests) = candidates(pod, links, per_pod, &mut link_stats);
+    let (source, contest) = candidates(pod, links, per_pod, &mut link_stats);
     let source = source?;
-    if dests.is_empty() {
+    if contest.is_empty() {
         // A refusal needs an admitted link with more destinations than the refused one can add: never empty.
         debug_assert!(link_stats.is_empty(), "refusals without an admitted link: {link_stats:?}");
         return None;
     }
-    let mut destinations = Vec::with_capacity(dests.len());
+    let mut destinations = Vec::with_capacity(contest.claims.len());
     // Pairs won, per link: a pod has a few links and a hundred or more pairs, so they are tallied here, by the
     // key's address (two tallies of one link add up the same), and added to the link's counts once.
     let mut won: Vec<(&ObjectKey, u32)> = Vec::new();
-    for (dest, (first, others)) in dests {
-        let winner = others.iter().fold(&first, |best, c| if c.beats(best) { c } else { best });
+    for run in contest.entries() {
+        let (dest, first) = &run[0];
+        let winner = run[1..].iter().fold(first, |best, (_, c)| if c.beats(best) { c } else { best });
         match won.iter_mut().find(|(link, _)| std::ptr::eq(*link, winner.link)) {
             Some((_, pairs)) => *pairs += 1,
             None => won.push((winner.link, 1)),
         }
-        if !others.is_empty() {
-            count_overlaps(&mut link_stats, winner.link, &first, &others);
+        if run.len() > 1 {
+            count_overlaps(&mut link_stats, winner.link, run);
         }
         destinations.push(DestinationPlan {
-            destination: dest,
+            destination: *dest,
             impairment: winner.impairment.clone(),
             link: winner.link_ref.clone(),
         });
@@ -113,58 +129,54 @@ pub(super) fn candidates<'a>(
     let mut links: Vec<(&ObjectKey, &Resolution)> = links.collect();
     links.sort_by(|(ka, a), (kb, b)| (a.rank.sort_key(), *ka).cmp(&(b.rank.sort_key(), *kb)));
     let mut source: Option<&Source> = None;
-    let mut dests: Contest<'a> = BTreeMap::new();
+    let mut claims: Vec<(IpNet, Candidate<'a>)> = Vec::new();
+    // The distinct destinations admitted so far, sorted, and the union with the next link's.
+    let (mut distinct, mut union): (Vec<IpNet>, Vec<IpNet>) = (Vec::new(), Vec::new());
     for (link, res) in links {
-        let mut claims: Vec<(IpNet, Candidate<'a>)> = Vec::new();
+        let start = claims.len();
         for (_, side) in res.sides() {
             let Some(src) = side.source(pod) else { continue };
             source.get_or_insert(src);
-            for dest in &side.destinations {
-                // Traffic to the pod's own address never leaves it.
-                if dest.prefix_len() == dest.max_prefix_len() && src.ips.contains(&dest.addr()) {
-                    continue;
-                }
-                claims.push((
-                    *dest,
-                    Candidate { link, rank: &res.rank, impairment: &side.impairment, link_ref: &side.link },
-                ));
-            }
+            let cand = Candidate { link, rank: &res.rank, impairment: &side.impairment, link_ref: &side.link };
+            // Traffic to the pod's own address never leaves it.
+            let own = |dest: &&IpNet| dest.prefix_len() == dest.max_prefix_len() && src.ips.contains(&dest.addr());
+            claims.reserve(side.destinations.len());
+            claims.extend(side.destinations.iter().filter(|d| !own(d)).map(|dest| (*dest, cand)));
         }
-        // In destination order, each destination's claims in the order seen (the sort is stable): the new
-        // destinations are counted without a set per link.
-        claims.sort_by_key(|(dest, _)| *dest);
-        let added = claims
-            .iter()
-            .enumerate()
-            .filter(|&(i, (dest, _))| (i == 0 || claims[i - 1].0 != *dest) && !dests.contains_key(dest))
-            .count();
-        let total = dests.len() + added;
-        if total > per_pod as usize {
-            let refusal = Refusal::PodDestinations { destinations: total as u32, limit: per_pod };
+        // Stable: a destination's claims keep the order seen (forward before reverse).
+        sort_by_destination(&mut claims[start..]);
+        union.clear();
+        union.reserve(distinct.len() + claims.len() - start);
+        union.extend(distinct.iter().copied().chain(claims[start..].iter().map(|(dest, _)| *dest)));
+        if !union.is_sorted() {
+            // Two sorted runs: the stable sort merges them in linear time.
+            union.sort();
+        }
+        union.dedup();
+        if union.len() > per_pod as usize {
+            let refusal = Refusal::PodDestinations { destinations: union.len() as u32, limit: per_pod };
             link_stats_of(stats, link).refused = Some(refusal);
+            claims.truncate(start);
             continue;
         }
-        for (dest, cand) in claims {
-            match dests.entry(dest) {
-                Entry::Vacant(v) => {
-                    v.insert((cand, Vec::new()));
-                }
-                Entry::Occupied(mut o) => o.get_mut().1.push(cand),
-            }
-        }
+        std::mem::swap(&mut distinct, &mut union);
     }
-    (source, dests)
+    // Each link's claims are sorted; stable, so each destination's keep the links' rank order.
+    sort_by_destination(&mut claims);
+    (source, Contest { claims })
+}
+
+/// A stable sort by destination that leaves sorted claims (a side's destinations are sorted) alone at the cost of
+/// one comparison each: the sort itself would take a scratch buffer first.
+fn sort_by_destination(claims: &mut [(IpNet, Candidate<'_>)]) {
+    if !claims.is_sorted_by_key(|(dest, _)| *dest) {
+        claims.sort_by_key(|(dest, _)| *dest);
+    }
 }
 
 /// Counts the overlap between a pair's winner and each link that lost the pair to it.
-fn count_overlaps(
-    stats: &mut BTreeMap<ObjectKey, LinkStats>,
-    winner: &ObjectKey,
-    first: &Candidate<'_>,
-    others: &[Candidate<'_>],
-) {
-    let losers: BTreeSet<&ObjectKey> =
-        std::iter::once(first).chain(others.iter()).map(|c| c.link).filter(|l| *l != winner).collect();
+fn count_overlaps(stats: &mut BTreeMap<ObjectKey, LinkStats>, winner: &ObjectKey, run: &[(IpNet, Candidate<'_>)]) {
+    let losers: BTreeSet<&ObjectKey> = run.iter().map(|(_, c)| c.link).filter(|l| *l != winner).collect();
     for loser in losers {
         link_stats_of(stats, winner).overlaps.entry(loser.clone()).or_default().0 += 1;
         link_stats_of(stats, loser).overlaps.entry(winner.clone()).or_default().1 += 1;
@@ -178,3 +190,7 @@ fn link_stats_of<'s>(stats: &'s mut BTreeMap<ObjectKey, LinkStats>, link: &Objec
     }
     stats.get_mut(link).expect("inserted above")
 }
+
+#[cfg(test)]
+#[path = "winner_tests.rs"]
+mod tests;
