@@ -130,8 +130,7 @@ pub(super) fn candidates<'a>(
     links.sort_by(|(ka, a), (kb, b)| (a.rank.sort_key(), *ka).cmp(&(b.rank.sort_key(), *kb)));
     let mut source: Option<&Source> = None;
     let mut claims: Vec<(IpNet, Candidate<'a>)> = Vec::new();
-    // The distinct destinations admitted so far, sorted, and the union with the next link's.
-    let (mut distinct, mut union): (Vec<IpNet>, Vec<IpNet>) = (Vec::new(), Vec::new());
+    let mut admitted = Admitted::default();
     for (link, res) in links {
         let start = claims.len();
         for (_, side) in res.sides() {
@@ -145,25 +144,60 @@ pub(super) fn candidates<'a>(
         }
         // Stable: a destination's claims keep the order seen (forward before reverse).
         sort_by_destination(&mut claims[start..]);
-        union.clear();
-        union.reserve(distinct.len() + claims.len() - start);
-        union.extend(distinct.iter().copied().chain(claims[start..].iter().map(|(dest, _)| *dest)));
-        if !union.is_sorted() {
-            // Two sorted runs: the stable sort merges them in linear time.
-            union.sort();
-        }
-        union.dedup();
-        if union.len() > per_pod as usize {
-            let refusal = Refusal::PodDestinations { destinations: union.len() as u32, limit: per_pod };
+        let (before, new) = claims.split_at(start);
+        if let Err(destinations) = admitted.admit(before, new, per_pod as usize) {
+            let refusal = Refusal::PodDestinations { destinations: destinations as u32, limit: per_pod };
             link_stats_of(stats, link).refused = Some(refusal);
             claims.truncate(start);
-            continue;
         }
-        std::mem::swap(&mut distinct, &mut union);
     }
     // Each link's claims are sorted; stable, so each destination's keep the links' rank order.
     sort_by_destination(&mut claims);
     (source, Contest { claims })
+}
+
+/// The distinct destinations of the links admitted so far, counted as cheaply as the per-pod limit allows: while
+/// the sum of each link's distinct destinations fits, the sum decides (links with disjoint destinations, as a
+/// topology's regions are, never need more); from the first link for which it does not, the exact sorted set is
+/// kept. Merging each link into the set cost a pod of a 20-region topology a sort per link.
+#[derive(Default)]
+struct Admitted {
+    /// At least the number of distinct destinations admitted; read only until `distinct` is kept.
+    bound: usize,
+    distinct: Option<Vec<IpNet>>,
+}
+
+impl Admitted {
+    /// Admits the claims `new` (sorted by destination) after `before` (those admitted so far) when the distinct
+    /// destinations stay within `per_pod`; otherwise leaves the count as it was and returns what it would be.
+    fn admit(
+        &mut self,
+        before: &[(IpNet, Candidate<'_>)],
+        new: &[(IpNet, Candidate<'_>)],
+        per_pod: usize,
+    ) -> Result<(), usize> {
+        let count = new.chunk_by(|a, b| a.0 == b.0).count();
+        if self.distinct.is_none() && self.bound + count <= per_pod {
+            self.bound += count;
+            return Ok(());
+        }
+        let distinct = self.distinct.get_or_insert_with(|| {
+            let mut all: Vec<IpNet> = before.iter().map(|(dest, _)| *dest).collect();
+            all.sort_unstable();
+            all.dedup();
+            all
+        });
+        let mut union = Vec::with_capacity(distinct.len() + new.len());
+        union.extend(distinct.iter().copied().chain(new.iter().map(|(dest, _)| *dest)));
+        // Two sorted runs: the stable sort merges them in linear time.
+        union.sort();
+        union.dedup();
+        if union.len() > per_pod {
+            return Err(union.len());
+        }
+        *distinct = union;
+        Ok(())
+    }
 }
 
 /// A stable sort by destination that leaves sorted claims (a side's destinations are sorted) alone at the cost of
