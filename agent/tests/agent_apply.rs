@@ -12,6 +12,7 @@ use agent_common::{Agent, AgentOptions, Ns, TestCerts, ip, veth};
 use isthmus_agent_api::client::ClientError;
 use isthmus_agent_api::test_util::{destination, link, rate};
 use isthmus_agent_api::{ApplyReply, Impairment, NodePlan, PodErrorKind, PodOutcome, PodPlan, PodResult};
+use isthmus_test_kit::openmetrics;
 
 const NODE: &str = "node-apply";
 
@@ -193,7 +194,7 @@ async fn agent_apply_change_gc_shutdown_adopt_and_cleanup() {
     assert_eq!(refused.destination, "10.237.1.1/32".parse::<ipnet::IpNet>().unwrap());
     assert_eq!(refused.error.kind, PodErrorKind::InvalidPlan);
     assert!(refused.error.message.contains("bandwidth") && refused.error.message.contains("275 s"), "{refused:?}");
-    assert_eq!(metric(&certs, &agent, "isthmus_agent_destinations_refused"), 1.0);
+    assert_eq!(metric(&certs, &agent, "isthmus_agent_destinations_refused", &[]), 1.0);
     assert_eq!(error_kind(&reply.pods, "uid-gone"), PodErrorKind::PodNotFound);
     assert_eq!(error_kind(&reply.pods, "uid-if"), PodErrorKind::InterfaceNotFound);
     assert_eq!(error_kind(&reply.pods, "uid-host"), PodErrorKind::HostNetwork);
@@ -301,14 +302,9 @@ async fn client_apply_with_fresh_agent(options: &AgentOptions<'_>, certs: &TestC
     assert!(reply.pods.iter().all(|r| r.outcome == PodOutcome::Applied), "{reply:?}");
 }
 
-/// The value of one sample (`name{labels} value`) in the agent's /metrics text.
-fn metric(certs: &TestCerts, agent: &Agent, sample: &str) -> f64 {
-    certs
-        .metrics(agent.api)
-        .lines()
-        .find_map(|l| l.strip_prefix(sample).and_then(|rest| rest.strip_prefix(' ')))
-        .map(|v| v.trim().parse().unwrap())
-        .unwrap_or(0.0)
+/// The sum of metric `name`'s samples with `labels` in the agent's /metrics text.
+fn metric(certs: &TestCerts, agent: &Agent, name: &str, labels: &[&str]) -> f64 {
+    openmetrics::sum(&certs.metrics(agent.api), name, labels)
 }
 
 /// `(parent, handle)` of every TBF on the interface, from `tc qdisc show`.
@@ -358,8 +354,8 @@ async fn agent_apply_reuses_the_pods_connection_follows_a_new_sandbox_and_resync
         pods: vec![pod("uid-r", "r", &[pod_ip], vec![(dst1, rate(20_000_000)), (dst2, rate(30_000_000))])],
         ..Default::default()
     };
-    let opened = |agent: &Agent| metric(&certs, agent, "isthmus_agent_datapath_connections_opened_total");
-    let record_path = |agent: &Agent| metric(&certs, agent, "isthmus_agent_reconciles_total{path=\"record\"}");
+    let opened = |agent: &Agent| metric(&certs, agent, "isthmus_agent_datapath_connections_opened_total", &[]);
+    let record_path = |agent: &Agent| metric(&certs, agent, "isthmus_agent_reconciles_total", &["path=\"record\""]);
 
     // A fresh install, then the same plan: nothing sent, on the same connection. (A fresh install leaves no
     // record, since the kernel picked some filter handles, so the second call reads the tree back once.)
@@ -407,6 +403,6 @@ async fn agent_apply_reuses_the_pods_connection_follows_a_new_sandbox_and_resync
         assert!(std::time::Instant::now() < deadline, "the resync did not repair the tree: {}", agent.log_text());
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
-    assert!(metric(&certs, &agent, "isthmus_agent_resync_mutations_total") >= 1.0);
+    assert!(metric(&certs, &agent, "isthmus_agent_resync_mutations_total", &[]) >= 1.0);
     assert!(agent.log_text().contains("resync repaired a tree changed behind isthmus's back"));
 }

@@ -14,6 +14,7 @@ use agent_common::{Agent, AgentOptions, Fleet, TestCerts};
 use isthmus_agent_api::identity::node_server_name;
 use isthmus_agent_api::test_util::{destination, link, pod, rate};
 use isthmus_agent_api::{NodePlan, PodOutcome};
+use isthmus_test_kit::openmetrics;
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
@@ -84,14 +85,6 @@ async fn closed_by_agent(connection: &mut Idle) -> bool {
     matches!(read, Ok(Ok(0)) | Ok(Err(_)))
 }
 
-fn sample(metrics: &str, name: &str) -> f64 {
-    metrics
-        .lines()
-        .filter_map(|l| l.strip_prefix(name))
-        .filter_map(|rest| rest.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_surface_plan_answered_under_idle_connections_and_scrapes() {
     let (work, pinned, proc_dir) = agent_common::agent_dirs("isth-surface-");
@@ -155,11 +148,11 @@ async fn agent_surface_plan_answered_under_idle_connections_and_scrapes() {
 
     let metrics = certs.metrics(agent.api);
     assert!(answered > 0, "no scrape was answered");
-    let gate_acted = sample(&metrics, "isthmus_agent_connection_gate_total{listener=\"api\"");
+    let gate_acted = openmetrics::sum(&metrics, "isthmus_agent_connection_gate_total", &["listener=\"api\""]);
     assert!(gate_acted > 0.0, "the gate never had to act with {IDLE} idle connections: {metrics}");
     assert!(closed > 0, "no idle connection was closed to make room");
     // One read of the counters per FRESH_FOR window of the burst at most, plus the metrics call above.
-    let observes = sample(&metrics, "isthmus_agent_scrape_observes_total");
+    let observes = openmetrics::sum(&metrics, "isthmus_agent_scrape_observes_total", &[]);
     let windows = (burst.as_secs_f64() / FRESH_FOR.as_secs_f64()).ceil() + 2.0;
     assert!(observes <= windows, "{observes} reads of the counters for {answered} scrapes in {burst:?}");
     // The plan took effect in the kernel while all this went on.

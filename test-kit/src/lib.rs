@@ -8,9 +8,11 @@
 //!   repository uses it, and it is the rank the agent's `RttHistogram::quantile` picks;
 //! - [`bursts`]: loss bursts, the runs of consecutive lost sequence numbers;
 //! - [`netns`]: throwaway network namespaces joined by a veth pair, built with iproute2 and removed on drop;
-//! - [`proc`]: a process's memory from `/proc/<pid>/status`.
+//! - [`proc`]: a process's memory from `/proc/<pid>/status`;
+//! - [`openmetrics`]: samples read out of a `/metrics` text.
 
 pub mod bursts;
 pub mod netns;
+pub mod openmetrics;
 pub mod proc;
 pub mod stats;

@@ -8,7 +8,10 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use ipnet::IpNet;
-use isthmus_agent_api::{Impairment, ImpairmentFields, LinkId, LinkRef, LinkTimeline, NodePlan, PodPlan};
+use isthmus_agent_api::{
+    Impairment, ImpairmentFields, LinkId, LinkRef, LinkTimeline, NodePlan, PodError, PodErrorKind, PodOutcome, PodPlan,
+    PodResult,
+};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -123,6 +126,25 @@ impl PlanPod {
         }
     }
 
+    /// The agent's answer for this entry when it is malformed, at `index` in the plan's `pods`: failed as
+    /// `InvalidPlan`, the parser's reason after the entry's place (`pods[i]: `), under the identity that could be
+    /// read. `None` for a valid entry, which the checks and the datapath answer.
+    pub fn malformed_result(&self, index: usize) -> Option<PodResult> {
+        let PlanPod::Malformed { uid, namespace, name, message } = self else { return None };
+        Some(PodResult {
+            uid: uid.clone(),
+            namespace: namespace.clone(),
+            name: name.clone(),
+            outcome: PodOutcome::Failed(PodError {
+                kind: PodErrorKind::InvalidPlan,
+                message: format!("pods[{index}]: {message}"),
+            }),
+            mutations: 0,
+            queue_caps: Vec::new(),
+            refused: Vec::new(),
+        })
+    }
+
     fn valid(mut pod: PodPlan, interner: &mut Interner) -> Self {
         let mut destinations: Vec<Destination> = std::mem::take(&mut pod.destinations)
             .into_iter()
@@ -217,6 +239,19 @@ mod tests {
             }
             other => panic!("expected a malformed pod, got {other:?}"),
         }
+        // Its answer: failed as an invalid plan, under its identity, the reason after its place.
+        let answer = plan.pods[1].malformed_result(1).expect("a malformed entry has its answer");
+        assert_eq!((answer.uid.as_str(), answer.name.as_str(), answer.mutations), ("bad", "bad", 0));
+        match &answer.outcome {
+            PodOutcome::Failed(e) => assert!(
+                e.kind == PodErrorKind::InvalidPlan
+                    && e.message.starts_with("pods[1]: ")
+                    && e.message.contains("sequence"),
+                "{e:?}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        assert!(plan.pods[0].malformed_result(0).is_none(), "a valid entry is answered by the checks");
         // An invalid impairment is the pod's error, naming the destination and the field.
         match &plan.pods[3] {
             PlanPod::Malformed { uid, message, .. } => {

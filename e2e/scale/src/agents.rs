@@ -21,9 +21,7 @@ use isthmus_agent::metrics::Metrics;
 use isthmus_agent::node::{PlanPod, RawNodePlan};
 use isthmus_agent::server::{Limits, Peer, TlsListener};
 use isthmus_agent_api::measure::{MEASURED_PATH, MeasuredState};
-use isthmus_agent_api::{
-    ApplyReply, CAPABILITIES_PATH, Capabilities, DatapathKind, PLAN_PATH, PodError, PodErrorKind, PodOutcome, PodResult,
-};
+use isthmus_agent_api::{ApplyReply, CAPABILITIES_PATH, Capabilities, DatapathKind, PLAN_PATH, PodOutcome, PodResult};
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::Client;
@@ -98,18 +96,7 @@ impl Agent {
 fn result(index: usize, pod: &PlanPod) -> PodResult {
     match pod {
         PlanPod::Valid { pod, .. } => PodResult::of(pod, PodOutcome::Applied),
-        PlanPod::Malformed { uid, namespace, name, message } => PodResult {
-            uid: uid.clone(),
-            namespace: namespace.clone(),
-            name: name.clone(),
-            outcome: PodOutcome::Failed(PodError {
-                kind: PodErrorKind::InvalidPlan,
-                message: format!("pods[{index}]: {message}"),
-            }),
-            mutations: 0,
-            queue_caps: Vec::new(),
-            refused: Vec::new(),
-        },
+        PlanPod::Malformed { .. } => pod.malformed_result(index).expect("a malformed entry has its answer"),
     }
 }
 
@@ -223,7 +210,7 @@ pub async fn start(
 
 #[cfg(test)]
 mod tests {
-    use isthmus_agent_api::NodePlan;
+    use isthmus_agent_api::{NodePlan, PodErrorKind};
 
     use super::*;
 

@@ -1,6 +1,7 @@
 //! The operator's own counters, read from its plain /metrics (OpenMetrics text) on loopback: how many status
 //! writes and plan recomputations the apply cost.
 
+use isthmus_test_kit::openmetrics;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -40,25 +41,9 @@ pub async fn counters(address: &str) -> Result<Counters, ScrapeError> {
 
 fn parse(text: &str) -> Counters {
     Counters {
-        status_writes: sum(text, "isthmus_operator_status_patches_total", Some("result=\"ok\"")),
-        recomputes: sum(text, "isthmus_operator_reconciles_total", None),
+        status_writes: openmetrics::sum(text, "isthmus_operator_status_patches_total", &["result=\"ok\""]) as u64,
+        recomputes: openmetrics::sum(text, "isthmus_operator_reconciles_total", &[]) as u64,
     }
-}
-
-/// The sum of the samples of counter `name` (with `label` among their labels, when given).
-fn sum(text: &str, name: &str, label: Option<&str>) -> u64 {
-    text.lines()
-        .filter_map(|line| {
-            let (series, value) = line.rsplit_once(' ')?;
-            let labels = series.strip_prefix(name)?;
-            let labelled = match label {
-                Some(label) => labels.strip_prefix('{')?.strip_suffix('}')?.split(',').any(|l| l == label),
-                None => labels.is_empty() || labels.starts_with('{'),
-            };
-            labelled.then(|| value.parse::<f64>().ok()).flatten()
-        })
-        .map(|v| v as u64)
-        .sum()
 }
 
 #[cfg(test)]

@@ -29,6 +29,8 @@ pub struct Seen {
 pub struct PairClock {
     links: BTreeMap<String, Progress>,
     pairs: Vec<Duration>,
+    /// When the watch last saw a link become Ready with every pair.
+    last_ready: Option<Instant>,
 }
 
 impl PairClock {
@@ -49,6 +51,7 @@ impl PairClock {
         let complete = seen.ready && seen.pairs == link.expected && seen.pairs_applied == link.expected;
         if complete && link.ready_after.is_none() {
             link.ready_after = Some(after);
+            self.last_ready = self.last_ready.max(Some(at));
         }
     }
 
@@ -60,6 +63,11 @@ impl PairClock {
     /// Each applied pair's time from its link's sending, in the order they were seen.
     pub fn pair_times(&self) -> &[Duration] {
         &self.pairs
+    }
+
+    /// The instant the watch saw the last link become Ready with every pair, once every link sent has.
+    pub fn all_ready_at(&self) -> Option<Instant> {
+        self.last_ready.filter(|_| self.done())
     }
 
     /// Each Ready link's time from its sending.
@@ -110,13 +118,19 @@ mod tests {
         let t0 = Instant::now();
         let mut c = PairClock::default();
         c.sent("a", t0, 4);
+        c.sent("b", t0, 1);
         // Ready with fewer pairs than the world has (pods not yet seen by the operator): not done.
         c.observe("a", t0, seen(2, 2, true));
         // Every pair applied but the condition not yet True.
         c.observe("a", t0, seen(4, 4, false));
         assert!(!c.done());
+        c.observe("b", t0 + Duration::from_millis(7), seen(1, 1, true));
+        assert_eq!(c.all_ready_at(), None, "a is not Ready yet");
         c.observe("a", t0 + Duration::from_millis(5), seen(4, 4, true));
-        assert_eq!(c.link_times(), vec![Duration::from_millis(5)]);
+        // A later status of a link already Ready does not move its instant.
+        c.observe("b", t0 + Duration::from_millis(9), seen(1, 1, true));
+        assert_eq!(c.link_times(), vec![Duration::from_millis(5), Duration::from_millis(7)]);
+        assert_eq!(c.all_ready_at(), Some(t0 + Duration::from_millis(7)), "the last link to become Ready: b");
     }
 
     #[test]

@@ -73,9 +73,8 @@ fn check_pod(
 ) -> Result<PodJob, Refused> {
     let (pod, destinations) = match entry {
         PlanPod::Valid { pod, destinations } => (pod, destinations),
-        PlanPod::Malformed { uid, namespace, name, message } => {
-            let message = format!("pods[{index}]: {message}");
-            let result = failed(&uid, &namespace, &name, PodErrorKind::InvalidPlan, message);
+        PlanPod::Malformed { .. } => {
+            let result = entry.malformed_result(index).expect("a malformed entry has its answer");
             return Err(Refused { result: Box::new(result), keep_installed: true });
         }
     };
@@ -165,20 +164,8 @@ pub(super) fn applied_pod(
     PodResult { mutations: mutations as u64, queue_caps, refused, ..PodResult::of(pod, PodOutcome::Applied) }
 }
 
-fn failed(uid: &str, namespace: &str, name: &str, kind: PodErrorKind, message: String) -> PodResult {
-    PodResult {
-        uid: uid.to_owned(),
-        namespace: namespace.to_owned(),
-        name: name.to_owned(),
-        outcome: PodOutcome::Failed(PodError { kind, message }),
-        mutations: 0,
-        queue_caps: Vec::new(),
-        refused: Vec::new(),
-    }
-}
-
 pub(super) fn failed_pod(pod: &PodPlan, kind: PodErrorKind, message: String) -> PodResult {
-    failed(&pod.uid, &pod.namespace, &pod.name, kind, message)
+    PodResult::of(pod, PodOutcome::Failed(PodError { kind, message }))
 }
 
 #[cfg(test)]
