@@ -55,7 +55,7 @@ pub use self::apply::ApplyError;
 pub use self::cleanup::cleanup;
 use self::datapath::NodeDatapath;
 pub use self::datapath::PodDatapathError;
-pub use self::plan::{Destination, PlanPod, ProbeFilter, RawNodePlan};
+pub use self::plan::{Destination, MalformedPod, PlanPod, ProbeFilter, RawNodePlan};
 pub use self::probe_view::{Measurements, ProbePod, ProbeView};
 use self::state::{Applied, Snapshot};
 use crate::metrics::Metrics;

@@ -52,8 +52,37 @@ pub enum PlanPod {
     /// `pod.destinations` is empty: they are in `destinations`, sorted by destination, each impairment and link
     /// shared with every other destination of the plan that has the same one.
     Valid { pod: PodPlan, destinations: Vec<Destination> },
-    /// The entry is not a valid pod plan: `message` says which field and why; the identity is what could be read.
-    Malformed { uid: String, namespace: String, name: String, message: String },
+    /// The entry is not a valid pod plan.
+    Malformed(MalformedPod),
+}
+
+/// A plan entry that is not a valid pod plan: `message` says which field and why; the identity is what could be
+/// read.
+#[derive(Debug)]
+pub struct MalformedPod {
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+    pub message: String,
+}
+
+impl MalformedPod {
+    /// The agent's answer for the entry at `index` in the plan's `pods`: failed as `InvalidPlan`, the parser's
+    /// reason after the entry's place (`pods[i]: `), under the identity that could be read.
+    pub fn result(&self, index: usize) -> PodResult {
+        PodResult {
+            uid: self.uid.clone(),
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+            outcome: PodOutcome::Failed(PodError {
+                kind: PodErrorKind::InvalidPlan,
+                message: format!("pods[{index}]: {}", self.message),
+            }),
+            mutations: 0,
+            queue_caps: Vec::new(),
+            refused: Vec::new(),
+        }
+    }
 }
 
 /// One destination of a pod, compact: 10,000 of them are held for a node of 100 pods.
@@ -108,12 +137,12 @@ impl PlanPod {
             Ok(value) => value,
             // Only a pod nested deeper than serde_json's recursion limit gets here: the plan itself parsed.
             Err(e) => {
-                return PlanPod::Malformed {
+                return PlanPod::Malformed(MalformedPod {
                     uid: "".into(),
                     namespace: "".into(),
                     name: "".into(),
                     message: e.to_string(),
-                };
+                });
             }
         };
         match PodPlan::deserialize(&value) {
@@ -121,28 +150,9 @@ impl PlanPod {
             Err(e) => {
                 let (uid, namespace, name) = identity_of(&value);
                 let message = invalid_impairment(&value).unwrap_or_else(|| e.to_string());
-                PlanPod::Malformed { uid, namespace, name, message }
+                PlanPod::Malformed(MalformedPod { uid, namespace, name, message })
             }
         }
-    }
-
-    /// The agent's answer for this entry when it is malformed, at `index` in the plan's `pods`: failed as
-    /// `InvalidPlan`, the parser's reason after the entry's place (`pods[i]: `), under the identity that could be
-    /// read. `None` for a valid entry, which the checks and the datapath answer.
-    pub fn malformed_result(&self, index: usize) -> Option<PodResult> {
-        let PlanPod::Malformed { uid, namespace, name, message } = self else { return None };
-        Some(PodResult {
-            uid: uid.clone(),
-            namespace: namespace.clone(),
-            name: name.clone(),
-            outcome: PodOutcome::Failed(PodError {
-                kind: PodErrorKind::InvalidPlan,
-                message: format!("pods[{index}]: {message}"),
-            }),
-            mutations: 0,
-            queue_caps: Vec::new(),
-            refused: Vec::new(),
-        })
     }
 
     fn valid(mut pod: PodPlan, interner: &mut Interner) -> Self {
@@ -233,14 +243,15 @@ mod tests {
         assert!(Arc::ptr_eq(&a[0].1, &a[1].1), "equal impairments share one allocation");
         assert!(!Arc::ptr_eq(&a[0].1, &c[0].1), "different impairments do not");
         match &plan.pods[1] {
-            PlanPod::Malformed { uid, message, .. } => {
+            PlanPod::Malformed(MalformedPod { uid, message, .. }) => {
                 assert_eq!(uid, "bad");
                 assert!(message.contains("sequence"), "{message}");
             }
             other => panic!("expected a malformed pod, got {other:?}"),
         }
         // Its answer: failed as an invalid plan, under its identity, the reason after its place.
-        let answer = plan.pods[1].malformed_result(1).expect("a malformed entry has its answer");
+        let PlanPod::Malformed(bad) = &plan.pods[1] else { panic!("{:?}", plan.pods[1]) };
+        let answer = bad.result(1);
         assert_eq!((answer.uid.as_str(), answer.name.as_str(), answer.mutations), ("bad", "bad", 0));
         match &answer.outcome {
             PodOutcome::Failed(e) => assert!(
@@ -251,10 +262,9 @@ mod tests {
             ),
             other => panic!("{other:?}"),
         }
-        assert!(plan.pods[0].malformed_result(0).is_none(), "a valid entry is answered by the checks");
         // An invalid impairment is the pod's error, naming the destination and the field.
         match &plan.pods[3] {
-            PlanPod::Malformed { uid, message, .. } => {
+            PlanPod::Malformed(MalformedPod { uid, message, .. }) => {
                 assert_eq!(uid, "zero");
                 assert!(message.contains("10.0.0.1/32") && message.contains("rate"), "{message}");
             }
@@ -294,7 +304,7 @@ mod tests {
                     PlanPod::Valid { destinations, .. } => {
                         prop_assert!(destinations.windows(2).all(|w| w[0].0 <= w[1].0), "sorted");
                     }
-                    PlanPod::Malformed { message, .. } => prop_assert!(!message.is_empty()),
+                    PlanPod::Malformed(bad) => prop_assert!(!bad.message.is_empty()),
                 }
             }
             Ok(())

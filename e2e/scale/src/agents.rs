@@ -96,7 +96,7 @@ impl Agent {
 fn result(index: usize, pod: &PlanPod) -> PodResult {
     match pod {
         PlanPod::Valid { pod, .. } => PodResult::of(pod, PodOutcome::Applied),
-        PlanPod::Malformed { .. } => pod.malformed_result(index).expect("a malformed entry has its answer"),
+        PlanPod::Malformed(bad) => bad.result(index),
     }
 }
 

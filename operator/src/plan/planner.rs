@@ -259,11 +259,8 @@ impl Planner {
             changed_nodes.insert(node);
         }
         if let Some(out) = out {
-            // Most pods share their links with many others: a key is cloned only when first listed.
             for link in out.link_stats.keys() {
-                if !changed_links.contains(link) {
-                    changed_links.insert(link.clone());
-                }
+                insert_cloned(changed_links, link);
             }
             // Its share, taken back with the old entry above, is added here, under the batch's resolutions; `reshare`
             // need not come back to it.
@@ -280,9 +277,7 @@ impl Planner {
             }
             if share != PodShare::default() {
                 state.annotations.add(&share);
-                if !annotate.contains(&out.node) {
-                    annotate.insert(out.node.clone());
-                }
+                insert_cloned(annotate, &out.node);
             }
             state.pod_states.insert(pod.clone(), PodState { link_stats: out.link_stats, share });
             self.pod_nodes.insert(pod, out.node.clone());
@@ -338,5 +333,13 @@ impl Planner {
         let state = self.nodes.get(node)?;
         let i = state.position(pod).ok()?;
         Some((node, &state.plan.pods[i]))
+    }
+}
+
+/// Adds `item` to `set`, cloning it only when the set lacks it: most pods share their links and nodes with many
+/// others, and a clone is two strings.
+fn insert_cloned<T: Ord + Clone>(set: &mut BTreeSet<T>, item: &T) {
+    if !set.contains(item) {
+        set.insert(item.clone());
     }
 }

@@ -73,9 +73,8 @@ fn check_pod(
 ) -> Result<PodJob, Refused> {
     let (pod, destinations) = match entry {
         PlanPod::Valid { pod, destinations } => (pod, destinations),
-        PlanPod::Malformed { .. } => {
-            let result = entry.malformed_result(index).expect("a malformed entry has its answer");
-            return Err(Refused { result: Box::new(result), keep_installed: true });
+        PlanPod::Malformed(bad) => {
+            return Err(Refused { result: Box::new(bad.result(index)), keep_installed: true });
         }
     };
     let refuse = |kind, message, keep_installed| {
